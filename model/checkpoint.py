@@ -1,0 +1,169 @@
+"""Checkpoints in the Hugging Face BERT format: `config.json` + `model.safetensors`.
+
+Our parameter names are Hugging Face's, so saving is writing the state dict and loading is reading
+one, plus the repairs that real checkpoints need:
+
+- TF-era LayerNorm names (`gamma`/`beta`) become `weight`/`bias`;
+- a bare encoder (`embeddings.*`, as `BertModel.save_pretrained` writes) gets the `bert.` prefix;
+- the tied MLM decoder (`cls.predictions.decoder.weight`, the word embeddings again) and its bias
+  alias are dropped, as is the old `position_ids` buffer;
+- a head absent from the checkpoint is initialised fresh and said so in a log line, and other
+  heads' weights (a pre-training checkpoint loaded for classification) are dropped, also logged.
+
+An unknown key, a missing encoder key or a shape mismatch is a `CheckpointError` naming the key.
+`pytorch_model.bin` is read with `torch.load(weights_only=True)`: never unpickle arbitrary objects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from model.config import BertConfig
+from model.heads import HEADS, BertPreTrainedModel
+
+log = logging.getLogger(__name__)
+
+CONFIG_NAME = "config.json"
+SAFETENSORS_NAME = "model.safetensors"
+PYTORCH_NAME = "pytorch_model.bin"
+# Keys that belong to some head: present in a checkpoint and absent from the model we build is
+# fine (dropped), absent from the checkpoint and present in the model is fine (initialised).
+HEAD_PREFIXES = (
+    "cls.predictions.",
+    "cls.seq_relationship.",
+    "classifier.",
+    "qa_outputs.",
+    "bert.pooler.",
+)
+_DROPPED = ("bert.embeddings.position_ids", "cls.predictions.decoder.bias")
+_TIED = "cls.predictions.decoder.weight"
+_WORD_EMBEDDINGS = "bert.embeddings.word_embeddings.weight"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be loaded into our model; the message names the cause."""
+
+
+def weights_path(directory: str | Path) -> Path:
+    directory = Path(directory)
+    for name in (SAFETENSORS_NAME, PYTORCH_NAME):
+        if (directory / name).is_file():
+            return directory / name
+    raise CheckpointError(f"{directory} has neither {SAFETENSORS_NAME} nor {PYTORCH_NAME}")
+
+
+def sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_config(directory: str | Path) -> BertConfig:
+    path = Path(directory) / CONFIG_NAME
+    if not path.is_file():
+        raise CheckpointError(f"{directory} has no {CONFIG_NAME}")
+    return BertConfig.from_json_file(path)
+
+
+def read_state_dict(directory: str | Path) -> dict[str, Tensor]:
+    """The checkpoint's tensors with their names normalised to our (Hugging Face's) scheme."""
+    path = weights_path(directory)
+    if path.name == SAFETENSORS_NAME:
+        raw = load_file(path)
+    else:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"{path} holds a {type(raw).__name__}, not a state dict")
+    return normalise_keys(raw)
+
+
+def normalise_keys(raw: dict[str, Tensor]) -> dict[str, Tensor]:
+    bare = not any(k.startswith("bert.") for k in raw) and any(
+        k.startswith("embeddings.") for k in raw
+    )
+    state: dict[str, Tensor] = {}
+    for key, tensor in raw.items():
+        if bare:
+            key = f"bert.{key}"
+        if "LayerNorm." in key:
+            key = key.removesuffix(".gamma") + ".weight" if key.endswith(".gamma") else key
+            key = key.removesuffix(".beta") + ".bias" if key.endswith(".beta") else key
+        state[key] = tensor
+    for key in _DROPPED:
+        state.pop(key, None)
+    tied = state.pop(_TIED, None)
+    if (
+        tied is not None
+        and _WORD_EMBEDDINGS in state
+        and not torch.equal(tied, state[_WORD_EMBEDDINGS])
+    ):
+        raise CheckpointError(
+            f"{_TIED} differs from {_WORD_EMBEDDINGS}: an untied MLM decoder is not supported"
+        )
+    return state
+
+
+def head_class(config: BertConfig, head: str | None) -> type[BertPreTrainedModel]:
+    """The model class to build: `head` if given, else the checkpoint's `architectures`."""
+    name = head or (config.architectures[0] if config.architectures else None)
+    if name is None:
+        raise CheckpointError(
+            "the checkpoint's config names no architecture: say which head to load"
+        )
+    if name not in HEADS:
+        raise CheckpointError(f"unknown head {name!r}; known heads: {', '.join(HEADS)}")
+    return HEADS[name]
+
+
+def load_model(directory: str | Path, head: str | None = None) -> BertPreTrainedModel:
+    """Load a checkpoint directory (ours or Hugging Face's) into `head` (a class name in HEADS)."""
+    config = read_config(directory)
+    cls = head_class(config, head)
+    state = read_state_dict(directory)
+    model = cls(config.replace(architectures=(cls.architecture,)))
+    expected = {k: v for k, v in model.state_dict().items() if k != _TIED}
+
+    unknown = [k for k in state if k not in expected and not k.startswith(HEAD_PREFIXES)]
+    if unknown:
+        raise CheckpointError(f"unknown key in {directory}: {unknown[0]} ({len(unknown)} in all)")
+    for key, tensor in state.items():
+        if key in expected and tensor.shape != expected[key].shape:
+            raise CheckpointError(
+                f"shape mismatch for {key}: checkpoint {tuple(tensor.shape)}, "
+                f"model {tuple(expected[key].shape)}"
+            )
+    missing = [k for k in expected if k not in state]
+    missing_body = [k for k in missing if not k.startswith(HEAD_PREFIXES)]
+    if missing_body:
+        raise CheckpointError(
+            f"missing key in {directory}: {missing_body[0]} ({len(missing_body)} in all)"
+        )
+    if missing:
+        log.info("initialised (not in the checkpoint): %s", ", ".join(missing))
+    unused = [k for k in state if k not in expected]
+    if unused:
+        log.info("dropped (another head's weights): %s", ", ".join(unused))
+
+    model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
+    model.tie_weights()
+    return model
+
+
+def save_model(model: BertPreTrainedModel, directory: str | Path) -> Path:
+    """Write `config.json` and `model.safetensors`; returns the weights file. The tied decoder
+    weight is left out (it is the word embeddings), as `transformers` does."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.config.replace(architectures=(model.architecture,)).to_json_file(directory / CONFIG_NAME)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k != _TIED}
+    path = directory / SAFETENSORS_NAME
+    save_file(state, path, metadata={"format": "pt"})
+    return path

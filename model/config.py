@@ -1,0 +1,162 @@
+"""`BertConfig`: the model's shape, with Hugging Face field names, to and from config.json.
+
+The field names are exactly those of `transformers.BertConfig`, so a `config.json` moves both ways:
+`transformers` reads ours and we read theirs. Keys that Hugging Face writes but that do not change
+this model (``transformers_version``, ``use_cache``, ...) are accepted and dropped; keys that would
+change the computation into something we do not implement (relative positions, a decoder) are
+refused with the offending value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh")
+
+# Hugging Face keys whose value must be this for the checkpoint to mean what our model computes.
+_REQUIRED_VALUES: dict[str, Any] = {
+    "position_embedding_type": "absolute",
+    "is_decoder": False,
+    "add_cross_attention": False,
+    "chunk_size_feed_forward": 0,
+}
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int = 30522  # WordPiece vocabulary, [PAD] at pad_token_id
+    hidden_size: int = 768  # H: width of every residual stream
+    num_hidden_layers: int = 12  # L: post-LN encoder blocks
+    num_attention_heads: int = 12  # A: heads; H % A == 0
+    intermediate_size: int = 3072  # feed-forward width (4H in BERT)
+    hidden_act: str = "gelu"  # "gelu" = exact erf GELU; "gelu_new" = tanh approximation
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512  # learned absolute positions: the longest sequence
+    type_vocab_size: int = 2  # segment ids: 0 = sentence A, 1 = sentence B
+    initializer_range: float = 0.02  # std of the normal init of every weight matrix
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    classifier_dropout: float | None = None  # None: use hidden_dropout_prob
+    id2label: dict[int, str] | None = None  # labels of a classification / tagging head
+    label2id: dict[str, int] | None = None
+    architectures: tuple[str, ...] | None = None  # e.g. ("BertForPreTraining",)
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(f"invalid BertConfig: {message}")
+
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+        ):
+            value = getattr(self, name)
+            need(
+                isinstance(value, int) and value > 0,
+                f"{name} must be a positive int, got {value!r}",
+            )
+        need(
+            self.hidden_size % self.num_attention_heads == 0,
+            f"hidden_size {self.hidden_size} is not divisible by "
+            f"num_attention_heads {self.num_attention_heads}",
+        )
+        need(
+            self.hidden_act in SUPPORTED_ACTIVATIONS,
+            f"hidden_act {self.hidden_act!r} is not one of {SUPPORTED_ACTIVATIONS}",
+        )
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            value = getattr(self, name)
+            need(0.0 <= value < 1.0, f"{name} must be in [0, 1), got {value!r}")
+        need(
+            0 <= self.pad_token_id < self.vocab_size,
+            f"pad_token_id {self.pad_token_id} is outside the vocabulary of {self.vocab_size}",
+        )
+        need(self.layer_norm_eps > 0, f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
+        if self.id2label is not None:
+            # JSON object keys are strings: normalise to int ids 0..n-1.
+            id2label = {int(k): str(v) for k, v in self.id2label.items()}
+            need(
+                sorted(id2label) == list(range(len(id2label))),
+                f"id2label ids must be 0..n-1, got {sorted(id2label)}",
+            )
+            object.__setattr__(self, "id2label", id2label)
+            label2id = {v: k for k, v in id2label.items()}
+            need(len(label2id) == len(id2label), f"id2label has repeated labels: {id2label}")
+            if self.label2id is not None:
+                given = {str(k): int(v) for k, v in self.label2id.items()}
+                need(given == label2id, f"label2id {given} does not invert id2label {id2label}")
+            object.__setattr__(self, "label2id", label2id)
+        elif self.label2id is not None:
+            raise ValueError("invalid BertConfig: label2id given without id2label")
+        if self.architectures is not None:
+            object.__setattr__(self, "architectures", tuple(self.architectures))
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.id2label) if self.id2label else 0
+
+    def replace(self, **changes: Any) -> BertConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BertConfig:
+        model_type = data.get("model_type", "bert")
+        if model_type != "bert":
+            raise ValueError(f"config.json has model_type {model_type!r}; only 'bert' is supported")
+        for key, wanted in _REQUIRED_VALUES.items():
+            if key in data and data[key] != wanted:
+                raise ValueError(
+                    f"config.json has {key}={data[key]!r}; only {wanted!r} is supported"
+                )
+        names = {f.name for f in dataclasses.fields(cls)}
+        ignored = sorted(set(data) - names - set(_REQUIRED_VALUES) - {"model_type"})
+        if ignored:
+            log.debug("config.json keys with no effect on this model: %s", ", ".join(ignored))
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["model_type"] = "bert"
+        data["position_embedding_type"] = "absolute"
+        if self.architectures is not None:
+            data["architectures"] = list(self.architectures)
+        for key in ("id2label", "label2id", "architectures", "classifier_dropout"):
+            if data[key] is None:
+                del data[key]
+        if self.id2label is not None:
+            data["id2label"] = {str(k): v for k, v in self.id2label.items()}
+        return data
+
+    @classmethod
+    def from_json_file(cls, path: str | Path) -> BertConfig:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
+        return cls.from_dict(data)
+
+    def to_json_file(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", "utf-8")
+
+
+__all__ = ["SUPPORTED_ACTIVATIONS", "BertConfig"]

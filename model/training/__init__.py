@@ -1,0 +1,1 @@
+"""The training subpackage: reproduces every shipped weight (pre-training, fine-tuning)."""
