@@ -1,0 +1,1 @@
+"""Readers and example builders: Wikipedia -> NSP pairs -> masked batches; task data sets."""
