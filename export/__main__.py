@@ -1,0 +1,82 @@
+"""`python -m export --checkpoint DIR --task T --out OUT [...]` builds a bundle;
+`python -m export verify OUT` checks one. Errors are one line on stderr and exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from export.bundle import build_bundle, report_json, verify
+    from model.checkpoint import CheckpointError
+
+    try:
+        if argv[:1] == ["verify"]:
+            parser = argparse.ArgumentParser(prog="python -m export verify")
+            parser.add_argument("bundle", type=Path)
+            args = parser.parse_args(argv[1:])
+            print(report_json(verify(args.bundle)))  # noqa: T201
+            return 0
+        parser = argparse.ArgumentParser(prog="python -m export", description=__doc__)
+        parser.add_argument(
+            "--checkpoint",
+            required=True,
+            type=Path,
+            help="config.json + model.safetensors|pytorch_model.bin + "
+            "tokenizer.json|vocab.txt (ours or Hugging Face's)",
+        )
+        parser.add_argument(
+            "--task",
+            required=True,
+            help="fill-mask, nsp, classify, ner or qa (comma-separated for several)",
+        )
+        parser.add_argument("--out", required=True, type=Path, help="bundle directory to write")
+        parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8"])
+        parser.add_argument("--max-seq-len", type=int, default=None)
+        parser.add_argument(
+            "--eval-data",
+            type=Path,
+            default=None,
+            help="TSV of real text (SST-2 dev.tsv format) to measure a variant",
+        )
+        parser.add_argument(
+            "--metrics",
+            type=Path,
+            default=None,
+            help="JSON file of evaluation metrics to record in bundle.json",
+        )
+        parser.add_argument(
+            "--force", action="store_true", help="keep a variant that fails its accuracy tolerance"
+        )
+        args = parser.parse_args(argv)
+        metrics = json.loads(args.metrics.read_text()) if args.metrics else None
+        spec = build_bundle(
+            args.checkpoint,
+            args.task.split(","),
+            args.out,
+            args.precision,
+            args.max_seq_len,
+            args.eval_data,
+            metrics,
+            args.force,
+            "python -m export " + shlex.join(argv),
+        )
+        print(  # noqa: T201
+            f"wrote {args.out}: tasks {', '.join(spec.tasks)}, {spec.precision}, "
+            f"fused {spec.fused_nodes}"
+        )
+        return 0
+    except (ValueError, CheckpointError, FileNotFoundError, json.JSONDecodeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

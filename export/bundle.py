@@ -1,0 +1,313 @@
+"""Build and verify bundles: checkpoint -> ONNX -> optimised -> chosen precision -> directory.
+
+A bundle is written to a temporary directory and renamed into place, so a failed export never
+leaves a half bundle where the service would find it.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import logging
+import shlex
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from export.graph import (
+    OPSET,
+    TASK_SPECS,
+    TaskGraph,
+    export_onnx,
+    graph_io,
+    optimise,
+    resolve_tasks,
+    to_fp16,
+    to_int8,
+)
+from export.parity import (
+    MIN_AGREEMENT,
+    TOLERANCE,
+    compare,
+    onnx_outputs,
+    sample_feeds,
+    torch_outputs,
+)
+from model.checkpoint import load_model, read_config, read_state_dict, sha256, weights_path
+from model.tokenizer import BertTokenizer
+from service.bundle import FORMAT_VERSION, BundleSpec, load_bundle_spec
+
+log = logging.getLogger(__name__)
+
+# A variant may lose at most this much task accuracy (points) against fp32 on the eval data.
+MAX_ACCURACY_DROP = 1.0
+SAMPLE_TEXTS = [
+    "The film is a charming and often affecting journey.",
+    "Aristotle was born in Stagira in 384 BC and studied at Plato's Academy in Athens.",
+    "Who was the first president of the United States?",
+    "EU rejects German call to boycott British lamb.",
+    "Short.",
+    "The Normans were the people who in the 10th and 11th centuries gave their name to "
+    "Normandy, a region in France.",
+]
+
+
+def read_eval_data(path: Path, limit: int = 1000) -> tuple[list[str], list[int] | None]:
+    """Texts (and integer labels, if there is a `label` column) from a TSV with a header, as
+    GLUE's SST-2 `dev.tsv`; the text is the `sentence` column, else the first one."""
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[:limit]
+    if not rows:
+        raise ValueError(f"--eval-data {path} has no rows")
+    text_key = "sentence" if "sentence" in rows[0] else next(iter(rows[0]))
+    texts = [r[text_key] for r in rows]
+    labels = [int(r["label"]) for r in rows] if "label" in rows[0] else None
+    return texts, labels
+
+
+def variant_accuracy(
+    fp32: Path,
+    variant: Path,
+    precision: str,
+    tokenizer: BertTokenizer,
+    inputs: list[str],
+    texts: list[str],
+    labels: list[int] | None,
+    max_len: int,
+    source: str,
+) -> dict[str, Any]:
+    ref_out, var_out, per_batch = {}, {}, []
+    for start in range(0, len(texts), 64):
+        feeds = sample_feeds(tokenizer, texts[start : start + 64], inputs, max_len)
+        a, b = onnx_outputs(fp32, feeds), onnx_outputs(variant, feeds)
+        per_batch.append(compare(a, b, feeds))
+        for name in a:
+            ref_out.setdefault(name, []).append(a[name])
+            var_out.setdefault(name, []).append(b[name])
+    compared = sum(r["compared"] for r in per_batch)
+    result: dict[str, Any] = {
+        "reference": "fp32",
+        "data": source,
+        "texts": len(texts),
+        "max_abs_diff": max(r["max_abs_diff"] for r in per_batch),
+        "top1_agreement": sum(r["top1_agreement"] * r["compared"] for r in per_batch) / compared,
+        "min_agreement": MIN_AGREEMENT[precision],
+    }
+    if labels is not None and "logits" in ref_out and ref_out["logits"][0].ndim == 2:
+        import numpy as np
+
+        gold = np.asarray(labels)
+        acc = {
+            name: float((np.concatenate(out["logits"]).argmax(-1) == gold).mean() * 100)
+            for name, out in (("fp32", ref_out), (precision, var_out))
+        }
+        result |= {
+            "accuracy_fp32": acc["fp32"],
+            f"accuracy_{precision}": acc[precision],
+            "accuracy_drop": acc["fp32"] - acc[precision],
+            "max_accuracy_drop": MAX_ACCURACY_DROP,
+        }
+    return result
+
+
+def variant_problem(result: dict[str, Any]) -> str | None:
+    if result["top1_agreement"] < result["min_agreement"]:
+        return (
+            f"top-1 agreement with fp32 is {result['top1_agreement']:.4f}, "
+            f"below {result['min_agreement']}"
+        )
+    if result.get("accuracy_drop", 0.0) > MAX_ACCURACY_DROP:
+        return f"accuracy drops {result['accuracy_drop']:.2f} points (> {MAX_ACCURACY_DROP})"
+    return None
+
+
+def build_bundle(
+    checkpoint: Path,
+    tasks: list[str],
+    out: Path,
+    precision: str = "fp32",
+    max_seq_len: int | None = None,
+    eval_data: Path | None = None,
+    metrics: dict[str, Any] | None = None,
+    force: bool = False,
+    command: str | None = None,
+) -> BundleSpec:
+    if not checkpoint.is_dir():
+        raise ValueError(f"--checkpoint {checkpoint} is not a directory")
+    config = read_config(checkpoint)
+    tokenizer = BertTokenizer.load(checkpoint)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens, more than the "
+            f"model's {config.vocab_size} embeddings"
+        )
+    arch = config.architectures[0] if config.architectures else None
+    tasks = resolve_tasks(tasks, set(read_state_dict(checkpoint)), arch)
+    max_len = max_seq_len or min(512, config.max_position_embeddings)
+    if not 8 <= max_len <= config.max_position_embeddings:
+        raise ValueError(f"--max-seq-len {max_len} must be in 8..{config.max_position_embeddings}")
+    if precision not in TOLERANCE:
+        raise ValueError(f"--precision {precision!r} is not one of {sorted(TOLERANCE)}")
+    model = load_model(checkpoint, TASK_SPECS[tasks[0]].architecture).eval()
+    inputs, outputs = graph_io(tasks)
+
+    with tempfile.TemporaryDirectory(prefix="bertserve-export-") as tmp:
+        work = Path(tmp)
+        export_onnx(model, tasks, work / "raw.onnx")
+        fused = optimise(
+            work / "raw.onnx", work / "fp32.onnx", config.num_attention_heads, config.hidden_size
+        )
+        feeds = sample_feeds(tokenizer, SAMPLE_TEXTS, inputs, max_len)
+        check = compare(
+            torch_outputs(TaskGraph(model, tasks), feeds, inputs, outputs),
+            onnx_outputs(work / "fp32.onnx", feeds),
+            feeds,
+        )
+        if check["max_abs_diff"] > TOLERANCE["fp32"]:
+            raise ValueError(f"ONNX Runtime differs from torch by {check['max_abs_diff']:.2e}")
+        accuracy = None
+        final = work / "fp32.onnx"
+        if precision != "fp32":
+            final = work / f"{precision}.onnx"
+            (to_fp16 if precision == "fp16" else to_int8)(work / "fp32.onnx", final)
+            if eval_data is None:
+                problem = "not measured: give --eval-data (a TSV of real text)"
+            else:
+                texts, labels = read_eval_data(eval_data)
+                accuracy = variant_accuracy(
+                    work / "fp32.onnx",
+                    final,
+                    precision,
+                    tokenizer,
+                    inputs,
+                    texts,
+                    labels,
+                    max_len,
+                    str(eval_data),
+                )
+                problem = variant_problem(accuracy)
+            if problem and not force:
+                raise ValueError(f"{precision} variant refused: {problem} (--force to keep it)")
+            if problem:
+                accuracy = (accuracy or {}) | {"forced": problem}
+
+        staging = out.with_name(out.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        shutil.copyfile(final, staging / "model.onnx")
+        tokenizer.tokenizer.save(str(staging / "tokenizer.json"))
+        spec = BundleSpec(
+            format_version=FORMAT_VERSION,
+            name=out.name,
+            tasks=tasks,
+            labels=[config.id2label[i] for i in range(config.num_labels)]
+            if {"classify", "ner"} & set(tasks)
+            else None,
+            max_seq_len=max_len,
+            tokenizer={
+                "lowercase": tokenizer.lowercase,
+                "vocab_size": tokenizer.vocab_size,
+                "pad_id": tokenizer.pad_id,
+                "unk_id": tokenizer.unk_id,
+                "cls_id": tokenizer.cls_id,
+                "sep_id": tokenizer.sep_id,
+                "mask_id": tokenizer.mask_id,
+            },
+            inputs=inputs,
+            outputs=outputs,
+            precision=precision,
+            opset=OPSET,
+            architecture={
+                "layers": config.num_hidden_layers,
+                "hidden_size": config.hidden_size,
+                "heads": config.num_attention_heads,
+                "vocab_size": config.vocab_size,
+                "max_position_embeddings": config.max_position_embeddings,
+            },
+            fused_nodes=fused,
+            source={
+                "checkpoint": str(checkpoint),
+                "sha256": sha256(weights_path(checkpoint)),
+                "architecture": model.architecture,
+            },
+            variant_accuracy=accuracy,
+            metrics=metrics or {},
+            created_by=command or "python -m export " + shlex.join(sys.argv[1:]),
+            created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        )
+        (staging / "bundle.json").write_text(spec.model_dump_json(indent=2) + "\n", "utf-8")
+        load_bundle_spec(staging)
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    return spec
+
+
+def verify(directory: Path) -> dict[str, Any]:
+    """Check a bundle as the service will load it; raises ValueError naming the first problem.
+    Parity with the source checkpoint is checked when that checkpoint is at hand unchanged."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    spec = load_bundle_spec(directory)
+    try:
+        session = ort.InferenceSession(
+            str(directory / spec.model_file), providers=["CPUExecutionProvider"]
+        )
+    except Exception as exc:  # ORT raises its own exception types
+        raise ValueError(
+            f"{directory / spec.model_file}: ONNX Runtime cannot load it: {exc}"
+        ) from exc
+    names = [i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()]
+    if names != (spec.inputs, spec.outputs):
+        raise ValueError(
+            f"{directory / spec.model_file}: graph inputs/outputs {names} differ "
+            f"from bundle.json {(spec.inputs, spec.outputs)}"
+        )
+    tok = Tokenizer.from_file(str(directory / spec.tokenizer.file))
+    for name in ("pad", "unk", "cls", "sep", "mask"):
+        token = f"[{name.upper()}]"
+        if tok.token_to_id(token) != getattr(spec.tokenizer, f"{name}_id"):
+            raise ValueError(
+                f"{directory / spec.tokenizer.file}: {token} is not id "
+                f"{getattr(spec.tokenizer, f'{name}_id')} as bundle.json says"
+            )
+    report: dict[str, Any] = {
+        "bundle": str(directory),
+        "tasks": spec.tasks,
+        "precision": spec.precision,
+    }
+    source = Path(spec.source.checkpoint)
+    try:
+        same = source.is_dir() and sha256(weights_path(source)) == spec.source.sha256
+    except ValueError:
+        same = False
+    if not same:
+        report["parity"] = f"skipped: source checkpoint {source} not at hand or changed"
+        return report
+    model = load_model(source, spec.source.architecture).eval()
+    tokenizer = BertTokenizer.from_file(directory / spec.tokenizer.file)
+    feeds = sample_feeds(tokenizer, SAMPLE_TEXTS, spec.inputs, spec.max_seq_len)
+    result = compare(
+        torch_outputs(TaskGraph(model, spec.tasks), feeds, spec.inputs, spec.outputs),
+        onnx_outputs(directory / spec.model_file, feeds),
+        feeds,
+    )
+    if (
+        result["max_abs_diff"] > TOLERANCE[spec.precision]
+        or result["top1_agreement"] < MIN_AGREEMENT[spec.precision]
+    ):
+        raise ValueError(
+            f"{directory}: {spec.precision} parity with {source} fails: {result} "
+            f"(tolerance {TOLERANCE[spec.precision]}, "
+            f"agreement >= {MIN_AGREEMENT[spec.precision]})"
+        )
+    report["parity"] = result
+    return report
+
+
+def report_json(report: dict[str, Any]) -> str:
+    return json.dumps(report, indent=2)

@@ -1,0 +1,222 @@
+"""Task graphs: which head a task needs, the torch wrapper that exports it, and ONNX Runtime's
+transformer optimisation with a count of the fused nodes.
+
+Every graph takes `input_ids`, `attention_mask`, `token_type_ids` (int64, dynamic batch and
+sequence). The pre-training graph (fill-mask and NSP) also takes `mask_positions` (int64, batch x
+predictions) and computes vocabulary logits only there: a fill-mask request pays for its [MASK]
+tokens, not for every position. An NSP request passes one position a row.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from model.heads import BertPreTrainedModel, gather_positions
+from service.bundle import BASE_INPUTS, MASK_POSITIONS, TASK_OUTPUTS
+
+log = logging.getLogger(__name__)
+
+TASKS = tuple(TASK_OUTPUTS)
+OPSET = 17
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    architecture: str  # the model class that carries the head
+    head_keys: tuple[str, ...]  # checkpoint keys the head needs
+
+
+TASK_SPECS = {
+    "fill-mask": TaskSpec(
+        "BertForPreTraining", ("cls.predictions.transform.dense.weight", "cls.predictions.bias")
+    ),
+    "nsp": TaskSpec("BertForPreTraining", ("cls.seq_relationship.weight",)),
+    "classify": TaskSpec("BertForSequenceClassification", ("classifier.weight",)),
+    "ner": TaskSpec("BertForTokenClassification", ("classifier.weight",)),
+    "qa": TaskSpec("BertForQuestionAnswering", ("qa_outputs.weight",)),
+}
+# Axis names of every output, for the exporter's dynamic axes.
+OUTPUT_AXES = {
+    "mlm_logits": {0: "batch", 1: "predictions"},
+    "nsp_logits": {0: "batch"},
+    "logits": {0: "batch"},
+    "start_logits": {0: "batch", 1: "sequence"},
+    "end_logits": {0: "batch", 1: "sequence"},
+}
+
+
+class ExportError(ValueError):
+    """A request the exporter cannot satisfy; the message says what to change."""
+
+
+def resolve_tasks(
+    requested: list[str], checkpoint_keys: set[str], architecture: str | None
+) -> list[str]:
+    """The tasks a bundle will declare: those asked for, plus NSP / fill-mask alongside each other
+    when the checkpoint carries both pre-training heads. Fails if a head is missing."""
+    unknown = [t for t in requested if t not in TASK_SPECS]
+    if unknown:
+        raise ExportError(f"unknown task {unknown[0]!r}; tasks are {', '.join(TASKS)}")
+    tasks = list(dict.fromkeys(requested))
+    for task in tasks:
+        spec = TASK_SPECS[task]
+        missing = [k for k in spec.head_keys if k not in checkpoint_keys]
+        if missing:
+            raise ExportError(f"the checkpoint has no {task} head (no {missing[0]})")
+    architectures = {TASK_SPECS[t].architecture for t in tasks}
+    if len(architectures) > 1:
+        raise ExportError(
+            f"tasks {tasks} need different heads ({sorted(architectures)}): "
+            "export one bundle per head"
+        )
+    if {"classify", "ner"} & set(tasks) and architecture not in (None, *architectures):
+        # classifier.weight is shared by both classification heads: the config says which.
+        raise ExportError(f"the checkpoint is a {architecture}, not a {architectures.pop()}")
+    if architectures == {"BertForPreTraining"}:
+        for extra in ("fill-mask", "nsp"):
+            if extra not in tasks and all(
+                k in checkpoint_keys for k in TASK_SPECS[extra].head_keys
+            ):
+                tasks.append(extra)
+    return [t for t in TASKS if t in tasks]
+
+
+def graph_io(tasks: list[str]) -> tuple[list[str], list[str]]:
+    inputs = list(BASE_INPUTS) + ([MASK_POSITIONS] if "fill-mask" in tasks else [])
+    outputs = list(dict.fromkeys(o for t in tasks for o in TASK_OUTPUTS[t]))
+    return inputs, outputs
+
+
+class TaskGraph(nn.Module):
+    """Positional tensors in, the tasks' outputs out: the module `torch.onnx.export` traces."""
+
+    def __init__(self, model: BertPreTrainedModel, tasks: list[str]) -> None:
+        super().__init__()
+        self.model = model
+        self.tasks = tasks
+        self.eval()  # an inference graph: the exporter restores this mode after tracing
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        token_type_ids: Tensor,
+        mask_positions: Tensor | None = None,
+    ) -> tuple[Tensor, ...]:
+        m = self.model
+        arch = m.architecture
+        if arch == "BertForPreTraining":
+            sequence, pooled = m.bert(input_ids, attention_mask, token_type_ids)
+            outs = []
+            if "fill-mask" in self.tasks:
+                outs.append(m.cls.predictions(gather_positions(sequence, mask_positions)))
+            if "nsp" in self.tasks:
+                outs.append(m.cls.seq_relationship(pooled))
+            return tuple(outs)
+        if arch == "BertForQuestionAnswering":
+            out = m(input_ids, attention_mask, token_type_ids)
+            return out.start_logits, out.end_logits
+        return (m(input_ids, attention_mask, token_type_ids).logits,)
+
+
+def example_inputs(tasks: list[str], batch: int = 2, seq: int = 8) -> tuple[Tensor, ...]:
+    ids = torch.full((batch, seq), 7, dtype=torch.long)
+    mask = torch.ones_like(ids)
+    mask[-1, seq // 2 :] = 0
+    args = [ids, mask, torch.zeros_like(ids)]
+    if "fill-mask" in tasks:
+        args.append(torch.ones((batch, 2), dtype=torch.long))
+    return tuple(args)
+
+
+def export_onnx(model: BertPreTrainedModel, tasks: list[str], path: Path) -> None:
+    """Trace with the TorchScript exporter: its graph is the one ONNX Runtime's BERT fusions
+    recognise (Attention, SkipLayerNormalization, BiasGelu)."""
+    inputs, outputs = graph_io(tasks)
+    axes = {name: {0: "batch", 1: "sequence"} for name in BASE_INPUTS}
+    if MASK_POSITIONS in inputs:
+        axes[MASK_POSITIONS] = {0: "batch", 1: "predictions"}
+    axes |= {name: OUTPUT_AXES[name] for name in outputs}
+    if "logits" in outputs and "ner" in tasks:
+        axes["logits"] = {0: "batch", 1: "sequence"}
+    graph = TaskGraph(model, tasks)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        torch.onnx.export(
+            graph,
+            example_inputs(tasks),
+            str(path),
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes=axes,
+            opset_version=OPSET,
+            do_constant_folding=True,
+            dynamo=False,
+        )
+
+
+FUSED_OPS = (
+    "Attention",
+    "SkipLayerNormalization",
+    "BiasGelu",
+    "FastGelu",
+    "Gelu",
+    "EmbedLayerNormalization",
+    "LayerNormalization",
+)
+
+
+def optimise(src: Path, dst: Path, num_heads: int, hidden_size: int) -> dict[str, int]:
+    """ONNX Runtime's offline BERT optimiser; returns how many nodes of each fused kind it made."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    quiet = logging.getLogger("onnxruntime.transformers")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        optimised = optimize_model(
+            str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size, opt_level=0
+        )
+    finally:
+        quiet.setLevel(level)
+    optimised.save_model_to_file(str(dst))
+    return fused_counts(dst)
+
+
+def fused_counts(path: Path) -> dict[str, int]:
+    import onnx
+
+    counts = Counter(n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node)
+    return {op: counts[op] for op in FUSED_OPS if counts[op]}
+
+
+def to_fp16(src: Path, dst: Path) -> None:
+    """Float16 weights and compute for the CUDA execution provider; inputs and outputs keep their
+    types (int64 in, float32 out) so the service feeds every precision the same way."""
+    import onnx
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    model = OnnxModel(onnx.load(str(src)))
+    model.convert_float_to_float16(keep_io_types=True)
+    model.save_model_to_file(str(dst))
+
+
+def to_int8(src: Path, dst: Path) -> None:
+    """Dynamic int8 quantisation of the weights (activations quantised at run time): for CPU."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))
+    quantize_dynamic(
+        str(src),
+        str(dst),
+        weight_type=QuantType.QInt8,
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+    )

@@ -1,0 +1,104 @@
+"""Feeding a graph the same inputs in torch and in ONNX Runtime, and comparing what comes out.
+
+Used by `export` to measure an fp16/int8 variant against fp32 on real text, and by
+`export verify` to check a bundle against the checkpoint it came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from model.tokenizer import BertTokenizer
+
+# Largest |torch - ONNX Runtime| accepted per precision on logits, and the least top-1 agreement.
+TOLERANCE = {"fp32": 1e-4, "fp16": 5e-2, "int8": 0.5}
+MIN_AGREEMENT = {"fp32": 1.0, "fp16": 0.99, "int8": 0.95}
+
+
+def sample_feeds(
+    tokenizer: BertTokenizer, texts: Sequence[str], inputs: Sequence[str], max_len: int
+) -> dict[str, np.ndarray]:
+    """Right-padded int64 arrays for `texts`; with `mask_positions`, every 6th ordinary token of
+    each text is replaced by [MASK] and its position listed (at least one a row)."""
+    encodings = tokenizer.encode_batch(list(texts), max_length=max_len)
+    length = max(len(e.input_ids) for e in encodings)
+    feeds = {
+        "input_ids": np.full((len(texts), length), tokenizer.pad_id, dtype=np.int64),
+        "attention_mask": np.zeros((len(texts), length), dtype=np.int64),
+        "token_type_ids": np.zeros((len(texts), length), dtype=np.int64),
+    }
+    positions = []
+    for i, enc in enumerate(encodings):
+        n = len(enc.input_ids)
+        feeds["input_ids"][i, :n] = enc.input_ids
+        feeds["attention_mask"][i, :n] = 1
+        feeds["token_type_ids"][i, :n] = enc.token_type_ids
+        ordinary = [p for p in range(1, n - 1)] or [0]
+        positions.append(ordinary[::6])
+    if "mask_positions" in inputs:
+        width = max(len(p) for p in positions)
+        feeds["mask_positions"] = np.zeros((len(texts), width), dtype=np.int64)
+        for i, rows in enumerate(positions):
+            feeds["mask_positions"][i, : len(rows)] = rows
+            feeds["input_ids"][i, rows] = tokenizer.mask_id
+    return feeds
+
+
+def onnx_outputs(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds), strict=True))
+
+
+@torch.no_grad()
+def torch_outputs(
+    graph: torch.nn.Module,
+    feeds: dict[str, np.ndarray],
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+) -> dict[str, np.ndarray]:
+    args = [torch.from_numpy(feeds[name]) for name in inputs]
+    return {name: t.numpy() for name, t in zip(outputs, graph(*args), strict=True)}
+
+
+def valid_rows(name: str, value: np.ndarray, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """The entries that mean something: per-token outputs at real tokens only, fill-mask logits
+    at filled prediction slots only; shape (N, classes) or (N,) for span logits."""
+    mask = feeds["attention_mask"].astype(bool)
+    if name in ("start_logits", "end_logits"):
+        return value[mask]
+    if name == "logits" and value.ndim == 3:
+        return value[mask]
+    if name == "mlm_logits":
+        real = np.zeros(feeds["mask_positions"].shape, dtype=bool)
+        for i, row in enumerate(feeds["mask_positions"]):
+            real[i, : max(1, int(np.count_nonzero(row)))] = True
+        return value[real]
+    return value
+
+
+def compare(
+    reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], feeds: dict[str, np.ndarray]
+) -> dict[str, Any]:
+    """Max |difference| and top-1 agreement over every meaningful output entry."""
+    worst, agree, total = 0.0, 0, 0
+    for name, ref in reference.items():
+        a, b = valid_rows(name, ref, feeds), valid_rows(name, candidate[name], feeds)
+        worst = max(worst, float(np.max(np.abs(a - b))) if a.size else 0.0)
+        if a.ndim == 1:  # span logits: the argmax over the sequence of each row
+            mask = feeds["attention_mask"].astype(bool)
+            ra = np.where(mask, ref, -np.inf).argmax(-1)
+            rb = np.where(mask, candidate[name], -np.inf).argmax(-1)
+            agree, total = agree + int((ra == rb).sum()), total + len(ra)
+        else:
+            agree, total = agree + int((a.argmax(-1) == b.argmax(-1)).sum()), total + len(a)
+    return {"max_abs_diff": worst, "top1_agreement": agree / max(1, total), "compared": total}

@@ -1,0 +1,129 @@
+"""The bundle contract: a directory with `model.onnx`, `tokenizer.json` and `bundle.json`.
+
+This module is its one definition: the exporter writes bundles that validate here, and the
+service loads them through here. A bad bundle is a `BundleError` naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+FORMAT_VERSION = 1
+BUNDLE_FILE = "bundle.json"
+Task = Literal["fill-mask", "nsp", "classify", "ner", "qa"]
+Precision = Literal["fp32", "fp16", "int8"]
+BASE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+MASK_POSITIONS = "mask_positions"
+# The graph outputs each task reads.
+TASK_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "fill-mask": ("mlm_logits",),
+    "nsp": ("nsp_logits",),
+    "classify": ("logits",),
+    "ner": ("logits",),
+    "qa": ("start_logits", "end_logits"),
+}
+LABELLED_TASKS = ("classify", "ner")
+
+
+class BundleError(ValueError):
+    """A bundle that cannot be served; the message names the file and the problem."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TokenizerSpec(_Strict):
+    file: str = "tokenizer.json"
+    lowercase: bool
+    vocab_size: int = Field(gt=5)
+    pad_id: int = Field(ge=0)
+    unk_id: int = Field(ge=0)
+    cls_id: int = Field(ge=0)
+    sep_id: int = Field(ge=0)
+    mask_id: int = Field(ge=0)
+
+
+class ArchitectureSpec(_Strict):
+    layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    heads: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    max_position_embeddings: int = Field(gt=0)
+
+
+class SourceSpec(_Strict):
+    checkpoint: str  # the directory it was exported from, as given
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # of the weights file
+    architecture: str
+
+
+class BundleSpec(_Strict):
+    format_version: Literal[1]
+    name: str = Field(min_length=1)
+    tasks: list[Task] = Field(min_length=1)
+    labels: list[str] | None = None  # id -> label name, for classify / ner
+    max_seq_len: int = Field(ge=8)
+    model_file: str = "model.onnx"
+    tokenizer: TokenizerSpec
+    inputs: list[str]
+    outputs: list[str]
+    precision: Precision
+    opset: int
+    architecture: ArchitectureSpec
+    fused_nodes: dict[str, int] = {}
+    source: SourceSpec
+    variant_accuracy: dict[str, Any] | None = None  # fp16/int8 against fp32 on real data
+    metrics: dict[str, Any] = {}  # task evaluation of this bundle, if measured
+    created_by: str
+    created_at: str
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BundleSpec:
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"tasks repeat: {self.tasks}")
+        needed_inputs = list(BASE_INPUTS) + ([MASK_POSITIONS] if "fill-mask" in self.tasks else [])
+        if self.inputs != needed_inputs:
+            raise ValueError(f"inputs {self.inputs} should be {needed_inputs} for {self.tasks}")
+        needed = list(dict.fromkeys(o for t in self.tasks for o in TASK_OUTPUTS[t]))
+        if sorted(self.outputs) != sorted(needed):
+            raise ValueError(f"outputs {self.outputs} should be {needed} for {self.tasks}")
+        if any(t in LABELLED_TASKS for t in self.tasks) and not self.labels:
+            raise ValueError(f"tasks {self.tasks} need labels")
+        if self.max_seq_len > self.architecture.max_position_embeddings:
+            raise ValueError(
+                f"max_seq_len {self.max_seq_len} exceeds the model's "
+                f"{self.architecture.max_position_embeddings} positions"
+            )
+        return self
+
+
+def load_bundle_spec(directory: str | Path) -> BundleSpec:
+    """Read and validate `bundle.json`, and check that the files it names exist."""
+    directory = Path(directory)
+    path = directory / BUNDLE_FILE
+    if not path.is_file():
+        raise BundleError(f"{path}: missing (a bundle is a directory with {BUNDLE_FILE})")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BundleError(f"{path}: not valid JSON: {exc}") from exc
+    if isinstance(data, dict) and data.get("format_version") != FORMAT_VERSION:
+        raise BundleError(
+            f"{path}: format_version {data.get('format_version')!r} is not "
+            f"{FORMAT_VERSION}; re-export the bundle with this version"
+        )
+    try:
+        spec = BundleSpec.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "bundle"
+        raise BundleError(f"{path}: {where}: {first['msg']}") from exc
+    for name in (spec.model_file, spec.tokenizer.file):
+        if not (directory / name).is_file():
+            raise BundleError(f"{directory / name}: missing (named in {BUNDLE_FILE})")
+    return spec

@@ -1,0 +1,250 @@
+"""Export: torch/ONNX Runtime parity for every head, transformers parity, fusion counts, variants,
+bundle.json, verify, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from export.__main__ import main
+from export.bundle import build_bundle, verify
+from export.graph import TaskGraph, graph_io
+from export.parity import onnx_outputs, torch_outputs
+from model.checkpoint import load_model
+from service.bundle import BundleError, load_bundle_spec
+from tests.export.conftest import HF_CLASSES, TEXTS
+
+TASK_ARCH = {
+    "fill-mask": "BertForPreTraining",
+    "classify": "BertForSequenceClassification",
+    "ner": "BertForTokenClassification",
+    "qa": "BertForQuestionAnswering",
+}
+
+
+@pytest.fixture(scope="module")
+def bundles(checkpoints, tmp_path_factory) -> dict[str, object]:
+    root = tmp_path_factory.mktemp("bundles")
+    return {
+        task: build_bundle(checkpoints[arch], [task], root / task)
+        for task, arch in TASK_ARCH.items()
+    } | {"root": root}
+
+
+def padded_feeds(batch: int, seq: int, inputs: list[str], seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    lengths = [seq] + [max(1, seq // (i + 2)) for i in range(batch - 1)]
+    feeds = {
+        "input_ids": np.zeros((batch, seq), np.int64),
+        "attention_mask": np.zeros((batch, seq), np.int64),
+        "token_type_ids": np.zeros((batch, seq), np.int64),
+    }
+    for row, n in enumerate(lengths):
+        feeds["input_ids"][row, :n] = rng.integers(5, 99, n)
+        feeds["attention_mask"][row, :n] = 1
+        feeds["token_type_ids"][row, n // 2 : n] = 1
+    if "mask_positions" in inputs:
+        feeds["mask_positions"] = np.stack([rng.integers(0, n, 2) for n in lengths])
+    return feeds
+
+
+@pytest.mark.parametrize("task", list(TASK_ARCH))
+def test_torch_and_onnx_runtime_agree_at_every_shape(task, checkpoints, bundles):
+    model = load_model(checkpoints[TASK_ARCH[task]])
+    spec = bundles[task]
+    graph = TaskGraph(model, spec.tasks)
+    inputs, outputs = graph_io(spec.tasks)
+    path = bundles["root"] / task / "model.onnx"
+    for batch in (1, 3):
+        for seq in (1, 7, 64):
+            feeds = padded_feeds(batch, seq, inputs, seed=batch * 100 + seq)
+            expected = torch_outputs(graph, feeds, inputs, outputs)
+            got = onnx_outputs(path, feeds)
+            mask = feeds["attention_mask"].astype(bool)
+            for name in outputs:
+                a, b = expected[name], got[name]
+                if name in ("start_logits", "end_logits") or (name == "logits" and a.ndim == 3):
+                    a, b = a[mask], b[mask]
+                np.testing.assert_allclose(b, a, atol=1e-4, rtol=0, err_msg=f"{name} {batch}x{seq}")
+
+
+@pytest.mark.parametrize("task", list(TASK_ARCH))
+def test_exported_transformers_checkpoint_equals_transformers(task, checkpoints, bundles):
+    arch = TASK_ARCH[task]
+    reference = HF_CLASSES[arch].from_pretrained(checkpoints[arch]).eval()
+    spec = bundles[task]
+    feeds = padded_feeds(3, 12, spec.inputs, seed=7)
+    got = onnx_outputs(bundles["root"] / task / "model.onnx", feeds)
+    with torch.no_grad():
+        out = reference(
+            **{k: torch.from_numpy(v) for k, v in feeds.items() if k != "mask_positions"}
+        )
+    mask = feeds["attention_mask"].astype(bool)
+    if task == "fill-mask":
+        rows = np.arange(3)[:, None]
+        np.testing.assert_allclose(
+            got["mlm_logits"],
+            out.prediction_logits.numpy()[rows, feeds["mask_positions"]],
+            atol=1e-4,
+            rtol=0,
+        )
+        np.testing.assert_allclose(
+            got["nsp_logits"], out.seq_relationship_logits.numpy(), atol=1e-4, rtol=0
+        )
+    elif task == "qa":
+        np.testing.assert_allclose(
+            got["start_logits"][mask], out.start_logits.numpy()[mask], atol=1e-4
+        )
+        np.testing.assert_allclose(got["end_logits"][mask], out.end_logits.numpy()[mask], atol=1e-4)
+    elif task == "ner":
+        np.testing.assert_allclose(got["logits"][mask], out.logits.numpy()[mask], atol=1e-4)
+    else:
+        np.testing.assert_allclose(got["logits"], out.logits.numpy(), atol=1e-4)
+
+
+def test_fusion_counts(bundles):
+    """ONNX Runtime's optimiser must keep fusing our graph: Attention = layers, SkipLayerNorm =
+    2 x layers, BiasGelu = layers (+1 for the MLM transform). A refactor that breaks fusion
+    fails here."""
+    layers = 2
+    for task, spec in bundles.items():
+        if task == "root":
+            continue
+        fused = spec.fused_nodes
+        assert fused["Attention"] == layers, task
+        assert fused["SkipLayerNormalization"] == 2 * layers, task
+        assert fused["BiasGelu"] == layers + (task == "fill-mask"), task
+
+
+def test_bundle_json_describes_the_bundle(bundles, checkpoints):
+    spec = load_bundle_spec(bundles["root"] / "classify")
+    assert spec.tasks == ["classify"]
+    assert spec.labels == ["negative", "positive", "neutral"]
+    assert spec.inputs == ["input_ids", "attention_mask", "token_type_ids"]
+    assert spec.outputs == ["logits"]
+    assert spec.tokenizer.lowercase and spec.tokenizer.mask_id == 4
+    assert spec.max_seq_len == 128 and spec.opset == 17 and spec.precision == "fp32"
+    assert spec.source.architecture == "BertForSequenceClassification"
+    assert len(spec.source.sha256) == 64
+    pre = bundles["fill-mask"]
+    assert pre.tasks == ["fill-mask", "nsp"]  # one pre-training bundle serves both
+    assert pre.inputs[-1] == "mask_positions" and pre.outputs == ["mlm_logits", "nsp_logits"]
+    assert bundles["ner"].labels[1] == "B-PER"
+
+
+def eval_tsv(path):
+    rows = [f"{t}\t{i % 3}" for i, t in enumerate(TEXTS * 8)]
+    path.write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_variants_are_measured_and_recorded(precision, checkpoints, tmp_path):
+    data = eval_tsv(tmp_path / "dev.tsv")
+    spec = build_bundle(
+        checkpoints["BertForSequenceClassification"],
+        ["classify"],
+        tmp_path / precision,
+        precision,
+        eval_data=data,
+    )
+    acc = spec.variant_accuracy
+    assert acc["reference"] == "fp32" and acc["texts"] == 40
+    assert acc["top1_agreement"] >= acc["min_agreement"]
+    assert acc["max_abs_diff"] < (0.5 if precision == "int8" else 0.05)
+    assert {"accuracy_fp32", f"accuracy_{precision}", "accuracy_drop"} <= set(acc)
+    assert verify(tmp_path / precision)["parity"]["top1_agreement"] >= acc["min_agreement"]
+
+
+def test_unmeasured_variant_is_refused_unless_forced(checkpoints, tmp_path, capsys):
+    ckpt = str(checkpoints["BertForSequenceClassification"])
+    args = [
+        "--checkpoint",
+        ckpt,
+        "--task",
+        "classify",
+        "--out",
+        str(tmp_path / "b"),
+        "--precision",
+        "int8",
+    ]
+    assert main(args) == 2
+    assert "int8 variant refused: not measured: give --eval-data" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+    assert main([*args, "--force"]) == 0
+    spec = load_bundle_spec(tmp_path / "b")
+    assert "not measured" in spec.variant_accuracy["forced"]
+
+
+def test_bad_input_gives_one_line_errors(checkpoints, tmp_path, capsys):
+    pre = checkpoints["BertForPreTraining"]
+
+    def error(*args):
+        assert main(list(args)) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        return err
+
+    out = str(tmp_path / "out")
+    assert "not a directory" in error(
+        "--checkpoint", str(tmp_path / "nope"), "--task", "qa", "--out", out
+    )
+    assert "unknown task 'sentiment'" in error(
+        "--checkpoint", str(pre), "--task", "sentiment", "--out", out
+    )
+    assert "no qa head (no qa_outputs.weight)" in error(
+        "--checkpoint", str(pre), "--task", "qa", "--out", out
+    )
+    cls = checkpoints["BertForSequenceClassification"]
+    assert "is a BertForSequenceClassification, not a BertForTokenClassification" in error(
+        "--checkpoint", str(cls), "--task", "ner", "--out", out
+    )
+
+    broken = tmp_path / "broken"
+    shutil.copytree(pre, broken)
+    (broken / "vocab.txt").unlink()
+    assert "neither tokenizer.json nor vocab.txt" in error(
+        "--checkpoint", str(broken), "--task", "nsp", "--out", out
+    )
+    shutil.copy(pre / "vocab.txt", broken)
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "hidden_size": 64}))
+    assert "shape mismatch for bert.embeddings" in error(
+        "--checkpoint", str(broken), "--task", "nsp", "--out", out
+    )
+    (broken / "model.safetensors").unlink()
+    assert "neither model.safetensors nor pytorch_model.bin" in error(
+        "--checkpoint", str(broken), "--task", "nsp", "--out", out
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_verify_catches_broken_bundles(bundles, tmp_path, capsys):
+    bundle = tmp_path / "b"
+    shutil.copytree(bundles["root"] / "qa", bundle)
+    assert main(["verify", str(bundle)]) == 0
+    assert '"max_abs_diff"' in capsys.readouterr().out
+
+    spec = json.loads((bundle / "bundle.json").read_text())
+    (bundle / "bundle.json").write_text(json.dumps({**spec, "outputs": ["logits"]}))
+    assert main(["verify", str(bundle)]) == 2
+    assert "outputs ['logits'] should be ['start_logits', 'end_logits']" in capsys.readouterr().err
+
+    (bundle / "bundle.json").write_text(
+        json.dumps({**spec, "tokenizer": {**spec["tokenizer"], "mask_id": 7}})
+    )
+    assert main(["verify", str(bundle)]) == 2
+    assert "[MASK] is not id 7" in capsys.readouterr().err
+
+    (bundle / "bundle.json").write_text(json.dumps(spec))
+    (bundle / "model.onnx").write_bytes(b"not onnx")
+    assert main(["verify", str(bundle)]) == 2
+    assert "ONNX Runtime cannot load it" in capsys.readouterr().err
+
+    (bundle / "model.onnx").unlink()
+    with pytest.raises(BundleError, match="model.onnx: missing"):
+        load_bundle_spec(bundle)
