@@ -1,0 +1,109 @@
+"""`python -m service --bundles DIR [--host H] [--port P]`: serve the bundles in DIR.
+
+Every setting is also an environment variable with the `BERTSERVE_` prefix (flags win). On
+SIGTERM (or Ctrl-C) the service stops admitting work (503, readiness false), finishes every
+admitted request within BERTSERVE_DRAIN_TIMEOUT_S, then exits; a second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+from pydantic import ValidationError
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        base = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+        }
+        if message.startswith("{"):
+            return json.dumps(base | json.loads(message))
+        return json.dumps(
+            base
+            | {"message": message}
+            | ({"exc": self.formatException(record.exc_info)} if record.exc_info else {})
+        )
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with a first SIGTERM that drains instead of cutting in-flight requests."""
+
+    def __init__(self, config: uvicorn.Config, state, drain_timeout: float) -> None:
+        super().__init__(config)
+        self.state, self.drain_timeout = state, drain_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.state.draining or self._loop is None:
+            return super().handle_exit(sig, frame)
+        self.state.draining = True
+        logging.getLogger("service").info(
+            "signal %d: draining %d in-flight requests", sig, self.state.in_flight
+        )
+        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain()))
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.drain_timeout
+        while self.state.in_flight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        self.should_exit = True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m service",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--bundles", type=Path, help="bundle directory (BERTSERVE_BUNDLES)")
+    parser.add_argument("--host", help="listen address (BERTSERVE_HOST, default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (BERTSERVE_PORT, default 8000)")
+    args = parser.parse_args(argv)
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    try:
+        settings = Settings(**{k: v for k, v in vars(args).items() if v is not None})
+    except ValidationError as exc:
+        for error in exc.errors():
+            name = "BERTSERVE_" + "_".join(str(p) for p in error["loc"]).upper()
+            print(f"error: {name}: {error['msg']}", file=sys.stderr)  # noqa: T201
+        return 2
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=settings.log_level.upper(), handlers=[handler], force=True)
+
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        access_log=False,
+        log_config=None,
+        lifespan="on",
+        timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
+    )
+    server = DrainingServer(config, app.state.service, settings.drain_timeout_s)
+    server.run()
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""`create_app(settings)`: the FastAPI app, its lifespan (load bundles, warm up, stop), the ASGI
+middleware (body limit, request id, metrics, JSON access log) and the one error mapping."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import ServiceError
+from service.metrics import Metrics
+from service.routes import api, ops
+from service.settings import Settings
+from service.state import ServiceState
+
+log = logging.getLogger("service.access")
+ENDPOINTS = {
+    "/fill-mask",
+    "/classify",
+    "/ner",
+    "/qa",
+    "/nsp",
+    "/health/live",
+    "/health/ready",
+    "/metrics",
+    "/models",
+}
+
+
+def error_response(
+    status: int, error_type: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": message, "error_type": error_type}, status, headers=headers)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """Refuse bodies over the limit before reading them (Content-Length) or as soon as the
+    streamed bytes pass it, so a 10 MB body never sits in memory."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
+        message = f"request body is over the limit of {self.limit:,} bytes"
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await error_response(413, "too_large", message)(scope, receive, send)
+        received = 0
+        started = False
+
+        async def limited() -> Message:
+            nonlocal received
+            msg = await receive()
+            if msg["type"] == "http.request":
+                received += len(msg.get("body", b""))
+                if received > self.limit:
+                    raise _BodyTooLarge
+            return msg
+
+        async def tracking_send(msg: Message) -> None:
+            nonlocal started
+            started = started or msg["type"] == "http.response.start"
+            await send(msg)
+
+        try:
+            await self.app(scope, limited, tracking_send)
+        except _BodyTooLarge:
+            if not started:
+                await error_response(413, "too_large", message)(scope, receive, send)
+
+
+class RequestContext:
+    """X-Request-ID in and out, in-flight gauge, request counter and latency by endpoint, and one
+    JSON log line a request (id, endpoint, status, rows, tokens, queue and inference ms)."""
+
+    def __init__(self, app: ASGIApp, state: ServiceState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:128] or uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        status = 500
+        started = time.perf_counter()
+
+        async def send_with_id(msg: Message) -> None:
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+                msg["headers"] = [
+                    *msg.get("headers", []),
+                    (b"x-request-id", request_id.encode("latin-1")),
+                ]
+            await send(msg)
+
+        metrics = self.state.metrics
+        self.state.in_flight += 1
+        metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            self.state.in_flight -= 1
+            metrics.in_flight.dec()
+            elapsed = time.perf_counter() - started
+            endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
+            metrics.requests.labels(endpoint, str(status)).inc()
+            if scope["method"] == "POST":
+                metrics.latency.labels(endpoint).observe(elapsed)
+            extra = scope["state"]
+            log.info(
+                json.dumps(
+                    {
+                        "request_id": request_id,
+                        "method": scope["method"],
+                        "endpoint": endpoint,
+                        "status": status,
+                        "ms": round(1000 * elapsed, 3),
+                        **{
+                            k: round(v, 3) if isinstance(v, float) else v
+                            for k, v in extra.items()
+                            if k in ("rows", "tokens", "queue_ms", "inference_ms", "model")
+                        },
+                    }
+                )
+            )
+
+
+def create_app(settings: Settings) -> FastAPI:
+    state = ServiceState(settings, Metrics())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    app = FastAPI(
+        title="bertserve",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="BERT-class NLU behind a dynamic-batching queue on ONNX Runtime.",
+    )
+    app.state.service = state
+    app.include_router(api)
+    app.include_router(ops)
+
+    @app.exception_handler(ServiceError)
+    async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        state.metrics.errors.labels(exc.error_type).inc()
+        return error_response(exc.status, exc.error_type, exc.message, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        state.metrics.errors.labels("invalid_input").inc()
+        return error_response(422, "invalid_input", describe_validation(exc.errors()))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        kind = {400: "invalid_input", 404: "not_found", 405: "method_not_allowed"}.get(
+            exc.status_code, "http"
+        )
+        status = 422 if exc.status_code == 400 else exc.status_code  # body parse errors
+        return error_response(status, kind, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def bug(_: Request, exc: Exception) -> JSONResponse:
+        logging.getLogger("service").exception("unhandled error")
+        state.metrics.errors.labels("internal").inc()
+        return error_response(500, "internal", "internal error (logged with the request id)")
+
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(RequestContext, state=state)  # outermost: sees every response
+    return app
+
+
+def describe_validation(errors: Any) -> str:
+    parts = []
+    for error in list(errors)[:3]:
+        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+        if error.get("type") == "json_invalid":
+            parts.append("the body is not valid JSON (UTF-8)")
+        else:
+            parts.append(f"{where}: {error.get('msg')}")
+    return "; ".join(parts)

@@ -1,0 +1,285 @@
+"""The dynamic batcher: one queue per model, admission control, length-grouped batches under a
+token budget, and one worker thread that runs the model off the event loop.
+
+A request enqueues its sequences (`Row`s: a client batch, or a long text's windows) and awaits
+them. The batching loop waits until a batch is full (row cap or token budget) or the oldest row
+has waited `max_wait_ms`, drops rows whose request was cancelled (client gone) or whose deadline
+passed, and picks the oldest row plus the rows closest to it in length, so padding stays small.
+The model runs on a single worker thread; ONNX Runtime's own threads use the cores. A failed call
+fails the rows of that batch only; if the loop itself dies it is restarted and readiness is false
+until it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from service.errors import BackendError, DeadlineExceeded, NotReady, Overloaded
+from service.metrics import Metrics
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Backend(Protocol):
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+@dataclass
+class Row:
+    """One sequence to run: unpadded ids (and, for fill-mask graphs, positions to score)."""
+
+    input_ids: np.ndarray  # (S,) int64
+    token_type_ids: np.ndarray  # (S,) int64
+    mask_positions: np.ndarray | None = None  # (P,) int64
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class RowResult:
+    outputs: dict[str, np.ndarray]  # this row's slice of every output, padding removed
+    queue_s: float
+    inference_s: float
+
+
+@dataclass
+class _Item:
+    row: Row
+    future: asyncio.Future[RowResult]
+    deadline: float
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+class Batcher:
+    def __init__(
+        self,
+        name: str,
+        backend: Backend,
+        settings: Settings,
+        metrics: Metrics,
+        per_token_outputs: tuple[str, ...],
+        pad_id: int,
+        uses_positions: bool,
+    ) -> None:
+        self.name = name
+        self.backend = backend
+        self.settings = settings
+        self.metrics = metrics
+        self.per_token = per_token_outputs
+        self.pad_id = pad_id
+        self.uses_positions = uses_positions
+        self._items: list[_Item] = []
+        self._wake = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{name}")
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.restarts = 0
+        self.calls = 0  # model calls made: tests and the dead-worker check read it
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            self._loop(), name=f"batcher-{self.name}"
+        )
+        self._task.add_done_callback(self._on_loop_exit)
+
+    @property
+    def alive(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def _on_loop_exit(self, task: asyncio.Task[None]) -> None:
+        if self._stopping or task.cancelled():
+            return
+        log.error("batching loop for %s died: %r; restarting", self.name, task.exception())
+        self._fail_all(NotReady(f"model {self.name}: batching worker restarted, retry"))
+        self.restarts += 1
+        self.start()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._fail_all(NotReady("shutting down"))
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def depth(self) -> int:
+        return len(self._items)
+
+    # --- requests -----------------------------------------------------------------------------
+
+    async def submit(self, rows: list[Row]) -> list[RowResult]:
+        """Enqueue a request's rows and wait for all of them; raises 429 past the admission
+        limit, 504 past the deadline. Cancelling the awaiting task cancels its rows."""
+        if len(self._items) + len(rows) > self.settings.max_queue_rows:
+            raise Overloaded(
+                f"model {self.name} has {len(self._items)} sequences queued "
+                f"(limit {self.settings.max_queue_rows}); retry shortly",
+                headers={"Retry-After": "1"},
+            )
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + self.settings.request_timeout_s
+        items = [_Item(row, loop.create_future(), deadline) for row in rows]
+        self._items.extend(items)
+        self.metrics.queue_depth.labels(self.name).set(len(self._items))
+        self._wake.set()
+        futures = [item.future for item in items]
+        try:
+            return await asyncio.wait_for(
+                asyncio.gather(*futures), timeout=self.settings.request_timeout_s
+            )
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"model {self.name}: no result within {self.settings.request_timeout_s} s"
+            ) from None
+        finally:
+            for future in futures:
+                future.cancel()  # no-op when done; drops rows of a cancelled request
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._items:
+                self._wake.clear()
+                await self._wake.wait()
+            await self._fill()
+            batch = self._select()
+            if not batch:
+                continue
+            feeds, lengths = self._pad(batch)
+            started = time.monotonic()
+            try:
+                outputs = await loop.run_in_executor(self._executor, self.backend.run, feeds)
+            except Exception as exc:  # the backend's failure fails this batch only
+                log.exception("model %s failed a batch of %d", self.name, len(batch))
+                self.metrics.errors.labels("backend").inc()
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_exception(BackendError(f"model {self.name} failed: {exc}"))
+                continue
+            finally:
+                self.calls += 1
+            elapsed = time.monotonic() - started
+            for i, item in enumerate(batch):
+                if item.future.done():
+                    continue
+                item.future.set_result(
+                    RowResult(
+                        self._slice(outputs, i, lengths[i], item.row),
+                        started - item.enqueued,
+                        elapsed,
+                    )
+                )
+
+    async def _fill(self) -> None:
+        """Wait for more rows until the batch is full or the oldest row has waited max_wait."""
+        max_wait = self.settings.max_wait_ms / 1000
+        while True:
+            live = [i for i in self._items if not i.future.done()]
+            if not live:
+                return
+            longest = max(len(i.row) for i in live)
+            full = (
+                len(live) >= self.settings.max_batch_rows
+                or len(live) * longest >= self.settings.max_batch_tokens
+            )
+            remaining = live[0].enqueued + max_wait - time.monotonic()
+            if full or remaining <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=remaining)
+            except TimeoutError:
+                return
+
+    def _select(self) -> list[_Item]:
+        now = time.monotonic()
+        live = []
+        for item in self._items:
+            if item.future.done():
+                self.metrics.dropped.labels(self.name, "cancelled").inc()
+            elif now > item.deadline:
+                item.future.set_exception(
+                    DeadlineExceeded(f"model {self.name}: deadline passed in the queue")
+                )
+                self.metrics.dropped.labels(self.name, "expired").inc()
+            else:
+                live.append(item)
+        if not live:
+            self._items = []
+            self.metrics.queue_depth.labels(self.name).set(0)
+            return []
+        anchor = len(live[0].row)  # the oldest row goes first: no starvation
+        by_closeness = sorted(live[1:], key=lambda item: abs(len(item.row) - anchor))
+        batch, longest = [live[0]], anchor
+        for item in by_closeness:
+            new_longest = max(longest, len(item.row))
+            if (
+                len(batch) >= self.settings.max_batch_rows
+                or (len(batch) + 1) * new_longest > self.settings.max_batch_tokens
+            ):
+                continue
+            batch.append(item)
+            longest = new_longest
+        chosen = {id(item) for item in batch}
+        self._items = [item for item in live if id(item) not in chosen]
+        self.metrics.queue_depth.labels(self.name).set(len(self._items) + len(batch))
+        return batch
+
+    def _pad(self, batch: list[_Item]) -> tuple[dict[str, np.ndarray], list[int]]:
+        lengths = [len(item.row) for item in batch]
+        width = max(lengths)
+        n = len(batch)
+        feeds = {
+            "input_ids": np.full((n, width), self.pad_id, dtype=np.int64),
+            "attention_mask": np.zeros((n, width), dtype=np.int64),
+            "token_type_ids": np.zeros((n, width), dtype=np.int64),
+        }
+        for i, item in enumerate(batch):
+            feeds["input_ids"][i, : lengths[i]] = item.row.input_ids
+            feeds["attention_mask"][i, : lengths[i]] = 1
+            feeds["token_type_ids"][i, : lengths[i]] = item.row.token_type_ids
+        if self.uses_positions:
+            rows = [item.row.mask_positions for item in batch]
+            positions = [np.zeros(1, np.int64) if p is None or not len(p) else p for p in rows]
+            feeds["mask_positions"] = np.zeros((n, max(len(p) for p in positions)), np.int64)
+            for i, p in enumerate(positions):
+                feeds["mask_positions"][i, : len(p)] = p
+        tokens = n * width
+        self.metrics.batch_rows.labels(self.name).observe(n)
+        self.metrics.batch_tokens.labels(self.name).observe(tokens)
+        self.metrics.padding.labels(self.name).observe(1 - sum(lengths) / tokens)
+        return feeds, lengths
+
+    def _slice(
+        self, outputs: dict[str, np.ndarray], i: int, length: int, row: Row
+    ) -> dict[str, np.ndarray]:
+        out = {}
+        for name, value in outputs.items():
+            if name in self.per_token:
+                out[name] = value[i, :length]
+            elif name == "mlm_logits":
+                count = 0 if row.mask_positions is None else len(row.mask_positions)
+                out[name] = value[i, :count]
+            else:
+                out[name] = value[i]
+        return out
+
+    def _fail_all(self, error: Exception) -> None:
+        for item in self._items:
+            if not item.future.done():
+                item.future.set_exception(error)
+        self._items = []

@@ -1,0 +1,84 @@
+"""Prometheus metrics, `bertserve_` prefix, one registry per app (tests run several apps)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+STAGES = ("queue", "tokenize", "inference", "postprocess")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "bertserve_requests",
+            "HTTP requests by endpoint and status",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "bertserve_request_duration_seconds",
+            "End-to-end request latency",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stage = Histogram(
+            "bertserve_stage_duration_seconds",
+            "Latency by stage: queue, tokenize, inference, postprocess",
+            ["endpoint", "stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_rows = Histogram(
+            "bertserve_batch_rows",
+            "Sequences per model call",
+            ["model"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+            registry=r,
+        )
+        self.batch_tokens = Histogram(
+            "bertserve_batch_tokens",
+            "Padded tokens per model call",
+            ["model"],
+            buckets=(16, 64, 256, 1024, 4096, 16384, 65536),
+            registry=r,
+        )
+        self.padding = Histogram(
+            "bertserve_batch_padding_ratio",
+            "Share of a batch's tokens that are padding",
+            ["model"],
+            buckets=(0.0, 0.05, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0),
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "bertserve_queue_depth", "Sequences waiting or running", ["model"], registry=r
+        )
+        self.in_flight = Gauge("bertserve_in_flight_requests", "Requests being handled", registry=r)
+        self.errors = Counter("bertserve_errors", "Errors by type", ["error_type"], registry=r)
+        self.dropped = Counter(
+            "bertserve_dropped_rows",
+            "Sequences dropped before compute (cancelled or expired)",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.model_info = Info("bertserve_model", "Served models", ["model"], registry=r)
+        self.ready = Gauge("bertserve_ready", "1 when every model is loaded and warm", registry=r)

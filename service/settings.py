@@ -1,0 +1,74 @@
+"""Service settings: environment variables with the `BERTSERVE_` prefix (or CLI flags), validated
+once at start-up with messages that name the variable."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+KNOWN_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BERTSERVE_", extra="forbid", frozen=True)
+
+    bundles: Path = Field(Path("bundles"), description="directory of bundles to serve")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    # "auto": CUDA if this ONNX Runtime build has it, then CPU. Or a comma-separated list.
+    providers: str = "auto"
+    require_gpu: bool = Field(
+        False, description="refuse to start unless CUDA is the active provider"
+    )
+    intra_op_threads: int = Field(0, ge=0, description="ONNX Runtime threads; 0 = every core")
+    max_batch_rows: int = Field(32, ge=1, description="sequences in one model call")
+    max_batch_tokens: int = Field(
+        8192, ge=16, description="padded tokens (rows x length) in a call"
+    )
+    max_wait_ms: float = Field(2.0, ge=0, description="how long a batch waits to fill")
+    max_queue_rows: int = Field(512, ge=1, description="sequences admitted per model; past it 429")
+    request_timeout_s: float = Field(30.0, gt=0, description="queue deadline; past it 504")
+    max_client_batch: int = Field(32, ge=1, description="inputs in one request")
+    max_body_bytes: int = Field(1_000_000, ge=1024)
+    max_text_chars: int = Field(100_000, ge=16, description="longest text accepted at all")
+    drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: time to finish admitted work")
+    api_key: SecretStr | None = Field(
+        None, description="bearer token; health and metrics stay open"
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    warmup: bool = True
+
+    @field_validator("bundles")
+    @classmethod
+    def _bundles_exist(cls, value: Path) -> Path:
+        if not value.is_dir():
+            raise ValueError(f"bundle directory {value} does not exist")
+        return value
+
+    @field_validator("providers")
+    @classmethod
+    def _known_providers(cls, value: str) -> str:
+        if value != "auto":
+            unknown = [p for p in value.split(",") if p not in KNOWN_PROVIDERS]
+            if unknown:
+                raise ValueError(f"unknown providers {unknown}; use 'auto' or {KNOWN_PROVIDERS}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.max_batch_tokens < self.max_batch_rows:
+            raise ValueError("max_batch_tokens must be at least max_batch_rows")
+        return self
+
+    @property
+    def threads(self) -> int:
+        return self.intra_op_threads or os.cpu_count() or 1
+
+    def provider_list(self, available: list[str]) -> list[str]:
+        if self.providers == "auto":
+            return [p for p in KNOWN_PROVIDERS if p in available]
+        return self.providers.split(",")

@@ -1,0 +1,139 @@
+"""What the app holds while it runs: the loaded models, readiness and draining."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from service.batching import Batcher
+from service.bundle import BUNDLE_FILE, BundleError, BundleSpec, load_bundle_spec
+from service.engine import Engine
+from service.errors import NotFound, NotReady
+from service.metrics import Metrics
+from service.settings import Settings
+from service.tasks.common import TaskContext
+
+log = logging.getLogger(__name__)
+PER_TOKEN = {"ner": ("logits",), "qa": ("start_logits", "end_logits")}
+
+
+@dataclass
+class Model:
+    name: str
+    spec: BundleSpec
+    ctx: TaskContext
+    engine: Engine
+    batcher: Batcher
+
+
+@dataclass
+class ServiceState:
+    settings: Settings
+    metrics: Metrics
+    models: dict[str, Model] = field(default_factory=dict)
+    warmed: bool = False
+    draining: bool = False
+    in_flight: int = 0
+
+    @property
+    def ready(self) -> bool:
+        return (
+            self.warmed
+            and not self.draining
+            and bool(self.models)
+            and all(m.batcher.alive for m in self.models.values())
+        )
+
+    def model_for(self, task: str, name: str | None) -> Model:
+        if self.draining:
+            raise NotReady("the service is shutting down")
+        if not self.warmed:
+            raise NotReady("the service is starting: models are not loaded and warm yet")
+        if name is not None:
+            model = self.models.get(name)
+            if model is None or task not in model.spec.tasks:
+                serving = [m for m in self.models.values() if task in m.spec.tasks]
+                raise NotFound(
+                    f"no model {name!r} serves {task}; models for {task}: "
+                    f"{[m.name for m in serving]}"
+                )
+            return model
+        for model in self.models.values():
+            if task in model.spec.tasks:
+                return model
+        raise NotFound(f"no loaded bundle serves {task} (see GET /models)")
+
+    def load(self) -> None:
+        """Load every bundle under settings.bundles; a bad one is a BundleError naming it."""
+        root = self.settings.bundles
+        dirs = sorted(p.parent for p in root.glob(f"*/{BUNDLE_FILE}"))
+        if not dirs:
+            raise BundleError(f"{root}: no bundles (no */{BUNDLE_FILE})")
+        for directory in dirs:
+            spec = load_bundle_spec(directory)
+            engine = Engine(directory, spec, self.settings)
+            ctx = TaskContext.load(directory, spec, self.settings.max_text_chars)
+            per_token = next((PER_TOKEN[t] for t in spec.tasks if t in PER_TOKEN), ())
+            batcher = Batcher(
+                spec.name,
+                engine,
+                self.settings,
+                self.metrics,
+                per_token,
+                spec.tokenizer.pad_id,
+                "mask_positions" in spec.inputs,
+            )
+            self.models[spec.name] = Model(spec.name, spec, ctx, engine, batcher)
+            self.metrics.model_info.labels(spec.name).info(
+                {
+                    "tasks": ",".join(spec.tasks),
+                    "precision": spec.precision,
+                    "provider": engine.provider,
+                    "max_seq_len": str(spec.max_seq_len),
+                    "path": str(Path(directory)),
+                }
+            )
+            log.info(
+                "loaded %s (%s, %s) on %s",
+                spec.name,
+                ",".join(spec.tasks),
+                spec.precision,
+                engine.provider,
+            )
+
+    def warm_up(self) -> None:
+        """Run representative shapes through every model before saying ready: ORT allocates
+        and picks kernels on first use of a shape."""
+        for model in self.models.values():
+            started = time.monotonic()
+            longest = model.spec.max_seq_len
+            for rows, length in ((1, 16), (self.settings.max_batch_rows, 32), (2, longest)):
+                rows = max(1, min(rows, self.settings.max_batch_tokens // length))
+                feeds = {
+                    "input_ids": np.full((rows, length), model.spec.tokenizer.unk_id, np.int64),
+                    "attention_mask": np.ones((rows, length), np.int64),
+                    "token_type_ids": np.zeros((rows, length), np.int64),
+                }
+                if "mask_positions" in model.spec.inputs:
+                    feeds["mask_positions"] = np.ones((rows, 1), np.int64)
+                model.engine.run(feeds)
+            log.info("warmed %s in %.2f s", model.name, time.monotonic() - started)
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.load)
+        for model in self.models.values():
+            model.batcher.start()
+        if self.settings.warmup:
+            await asyncio.to_thread(self.warm_up)
+        self.warmed = True
+        self.metrics.ready.set(1)
+
+    async def stop(self) -> None:
+        self.metrics.ready.set(0)
+        for model in self.models.values():
+            await model.batcher.stop()

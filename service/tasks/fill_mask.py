@@ -1,0 +1,76 @@
+"""/fill-mask: the top-k tokens for each [MASK], as the transformers fill-mask pipeline
+(scores are probabilities over the whole vocabulary, also when `targets` restricts the choice)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.batching import Row, RowResult
+from service.errors import InvalidInput
+from service.tasks.common import TaskContext, row, softmax
+
+
+def target_ids(ctx: TaskContext, targets: list[str] | None) -> np.ndarray | None:
+    if targets is None:
+        return None
+    ids = []
+    for target in targets:
+        token_id = ctx.tokenizer.token_to_id(target)
+        if token_id is None:  # as transformers: the first word piece of the target
+            pieces = ctx.tokenizer.encode(target, add_special_tokens=False).ids
+            if not pieces:
+                continue
+            token_id = pieces[0]
+        ids.append(token_id)
+    ids = sorted(set(ids))
+    if not ids:
+        raise InvalidInput(f"targets {targets} give no token of the vocabulary")
+    return np.asarray(ids)
+
+
+def preprocess(ctx: TaskContext, texts: list[str], truncate: bool) -> list[Row]:
+    mask_token = "[MASK]"
+    rows = []
+    for text in texts:
+        enc = ctx.encode(ctx.check_text(text), truncate=truncate)
+        positions = np.flatnonzero(np.asarray(enc.ids) == ctx.spec.tokenizer.mask_id)
+        if not len(positions):
+            raise InvalidInput(f"input has no {mask_token} token: {text[:80]!r}")
+        rows.append(row(enc, positions.astype(np.int64)))
+    return rows
+
+
+def postprocess(
+    ctx: TaskContext,
+    rows: list[Row],
+    results: list[RowResult],
+    top_k: int,
+    targets: np.ndarray | None,
+) -> list[list[dict] | list[list[dict]]]:
+    out: list[list[dict] | list[list[dict]]] = []
+    k = min(top_k, len(targets)) if targets is not None else top_k
+    for r, result in zip(rows, results, strict=True):
+        logits = result.outputs["mlm_logits"].astype(np.float64)  # (P, V)
+        positions = r.mask_positions if r.mask_positions is not None else []
+        single = len(positions) == 1
+        per_mask = []
+        for slot, position in enumerate(positions):
+            probs = softmax(logits[slot])
+            candidates = targets if targets is not None else np.arange(len(probs))
+            order = candidates[np.argsort(-probs[candidates], kind="stable")[:k]]
+            items = []
+            for token_id in order:
+                ids = r.input_ids.copy()
+                ids[position] = token_id
+                items.append(
+                    {
+                        "score": float(probs[token_id]),
+                        "token": int(token_id),
+                        "token_str": ctx.tokenizer.decode([int(token_id)]),
+                        # transformers keeps the other [MASK]s (and specials) when there are several
+                        "sequence": ctx.tokenizer.decode(ids.tolist(), skip_special_tokens=single),
+                    }
+                )
+            per_mask.append(items)
+        out.append(per_mask[0] if single else per_mask)
+    return out

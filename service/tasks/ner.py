@@ -1,0 +1,201 @@
+"""/ner: token classification with the transformers token-classification pipeline's aggregation
+(none / simple / first / average / max) and character offsets into the caller's text.
+
+Texts longer than the model are cut into overlapping windows of word pieces; each piece takes its
+scores from the window where it has the most context on both sides (as SQuAD's max-context rule),
+so nothing is silently dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tokenizers import Encoding
+
+from service.batching import Row, RowResult
+from service.tasks.common import TaskContext, softmax
+
+STRATEGIES = ("none", "simple", "first", "average", "max")
+
+
+@dataclass
+class NerInput:
+    text: str
+    encoding: Encoding  # the whole text, no specials
+    windows: list[tuple[int, int]]  # [start, end) piece ranges, one row each
+
+
+def windows_for(n: int, size: int, stride: int) -> list[tuple[int, int]]:
+    if n <= size:
+        return [(0, n)]
+    step = max(1, size - stride)
+    starts = [*range(0, n - size, step), n - size]
+    return [(s, s + size) for s in starts]
+
+
+def preprocess(ctx: TaskContext, texts: list[str], stride: int) -> tuple[list[NerInput], list[Row]]:
+    cls_id, sep_id = ctx.spec.tokenizer.cls_id, ctx.spec.tokenizer.sep_id
+    size = ctx.max_len - 2
+    inputs, rows = [], []
+    for text in texts:
+        enc = ctx.tokenizer.encode(ctx.check_text(text), add_special_tokens=False)
+        spans = windows_for(len(enc.ids), size, min(stride, size // 2))
+        inputs.append(NerInput(text, enc, spans))
+        for start, end in spans:
+            ids = np.asarray([cls_id, *enc.ids[start:end], sep_id], dtype=np.int64)
+            rows.append(Row(ids, np.zeros_like(ids)))
+    return inputs, rows
+
+
+def piece_scores(item: NerInput, results: list[RowResult]) -> np.ndarray:
+    """(pieces, labels) probabilities, each piece from its max-context window."""
+    n = len(item.encoding.ids)
+    labels = results[0].outputs["logits"].shape[-1]
+    scores = np.zeros((n, labels))
+    best = np.full(n, -1.0)
+    for (start, end), result in zip(item.windows, results, strict=True):
+        probs = softmax(result.outputs["logits"][1:-1].astype(np.float64))  # drop [CLS] [SEP]
+        for j, piece in enumerate(range(start, end)):
+            context = min(piece - start, end - 1 - piece) + 0.01 * (end - start)
+            if context > best[piece]:
+                best[piece], scores[piece] = context, probs[j]
+    return scores
+
+
+def tokens_to_string(tokens: list[str]) -> str:
+    return " ".join(tokens).replace(" ##", "").strip()
+
+
+def postprocess(
+    ctx: TaskContext,
+    inputs: list[NerInput],
+    results: list[RowResult],
+    strategy: str,
+    ignore_labels: list[str],
+) -> list[list[dict]]:
+    labels = ctx.spec.labels or []
+    unk = ctx.spec.tokenizer.unk_id
+    out, cursor = [], 0
+    for item in inputs:
+        scores = piece_scores(item, results[cursor : cursor + len(item.windows)])
+        cursor += len(item.windows)
+        pre = []
+        for idx, (token_id, token, (start, end)) in enumerate(
+            zip(item.encoding.ids, item.encoding.tokens, item.encoding.offsets, strict=True)
+        ):
+            word_ref = item.text[start:end]
+            is_subword = len(token) != len(word_ref)  # "##ing" vs "ing": WordPiece knows
+            if token_id == unk:
+                token, is_subword = word_ref, False
+            # transformers counts [CLS] in the index of a token
+            pre.append(
+                {
+                    "word": token,
+                    "scores": scores[idx],
+                    "start": start,
+                    "end": end,
+                    "index": idx + 1,
+                    "is_subword": is_subword,
+                }
+            )
+        entities = aggregate(pre, strategy, labels)
+        out.append(
+            [
+                e
+                for e in entities
+                if e.get("entity") not in ignore_labels
+                and e.get("entity_group") not in ignore_labels
+            ]
+        )
+    return out
+
+
+def aggregate(pre: list[dict], strategy: str, labels: list[str]) -> list[dict]:
+    if strategy in ("none", "simple"):
+        entities = []
+        for p in pre:
+            i = int(p["scores"].argmax())
+            entities.append(
+                {
+                    "entity": labels[i],
+                    "score": float(p["scores"][i]),
+                    "index": p["index"],
+                    "word": p["word"],
+                    "start": p["start"],
+                    "end": p["end"],
+                }
+            )
+        if strategy == "none":
+            return entities
+    else:
+        entities = aggregate_words(pre, strategy, labels)
+    return group_entities(entities)
+
+
+def aggregate_words(pre: list[dict], strategy: str, labels: list[str]) -> list[dict]:
+    words, group = [], None
+    for p in pre:
+        if group is None:
+            group = [p]
+        elif p["is_subword"]:
+            group.append(p)
+        else:
+            words.append(aggregate_word(group, strategy, labels))
+            group = [p]
+    if group is not None:
+        words.append(aggregate_word(group, strategy, labels))
+    return words
+
+
+def aggregate_word(group: list[dict], strategy: str, labels: list[str]) -> dict:
+    if strategy == "first":
+        scores = group[0]["scores"]
+    elif strategy == "max":
+        scores = max(group, key=lambda p: p["scores"].max())["scores"]
+    else:  # average
+        scores = np.nanmean(np.stack([p["scores"] for p in group]), axis=0)
+    i = int(scores.argmax())
+    return {
+        "entity": labels[i],
+        "score": float(scores[i]),
+        "word": tokens_to_string([p["word"] for p in group]),
+        "start": group[0]["start"],
+        "end": group[-1]["end"],
+    }
+
+
+def get_tag(name: str) -> tuple[str, str]:
+    if name.startswith("B-"):
+        return "B", name[2:]
+    if name.startswith("I-"):
+        return "I", name[2:]
+    return "I", name  # not B-/I-: a continuation
+
+
+def group_entities(entities: list[dict]) -> list[dict]:
+    groups, current = [], []
+    for entity in entities:
+        if not current:
+            current.append(entity)
+            continue
+        bi, tag = get_tag(entity["entity"])
+        _, last_tag = get_tag(current[-1]["entity"])
+        if tag == last_tag and bi != "B":
+            current.append(entity)
+        else:
+            groups.append(group_sub_entities(current))
+            current = [entity]
+    if current:
+        groups.append(group_sub_entities(current))
+    return groups
+
+
+def group_sub_entities(entities: list[dict]) -> dict:
+    return {
+        "entity_group": entities[0]["entity"].split("-", 1)[-1],
+        "score": float(np.nanmean([e["score"] for e in entities])),
+        "word": tokens_to_string([e["word"] for e in entities]),
+        "start": entities[0]["start"],
+        "end": entities[-1]["end"],
+    }

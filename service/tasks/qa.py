@@ -1,0 +1,136 @@
+"""/qa: extractive question answering, as the transformers question-answering pipeline.
+
+Question and context are encoded as `[CLS] question [SEP] context [SEP]`; a context longer than
+`max_seq_len` is cut into windows overlapping by `doc_stride` tokens (the tokenizer's own
+overflow), every window is scored, and the best spans across windows win. A span starts and ends
+inside the context, end >= start, at most `max_answer_len` tokens, and is widened to whole words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tokenizers import Encoding
+
+from service.batching import Row, RowResult
+from service.errors import InvalidInput
+from service.tasks.common import TaskContext, row
+
+
+@dataclass
+class QaInput:
+    context: str
+    windows: list[Encoding]
+
+
+def preprocess(
+    ctx: TaskContext,
+    pairs: list[tuple[str, str]],
+    max_seq_len: int,
+    doc_stride: int,
+    max_question_len: int,
+) -> tuple[list[QaInput], list[Row]]:
+    max_seq_len = min(max_seq_len, ctx.max_len)
+    tok = ctx.windowing
+    inputs, rows = [], []
+    for question, context in pairs:
+        ctx.check_text(question, "question")
+        ctx.check_text(context, "context")
+        question_len = len(ctx.tokenizer.encode(question, add_special_tokens=False).ids)
+        if question_len > max_question_len:
+            raise InvalidInput(
+                f"question is {question_len} tokens; the limit is "
+                f"{max_question_len} (max_question_len)"
+            )
+        if question_len + 4 > max_seq_len:
+            raise InvalidInput(
+                f"question of {question_len} tokens leaves no room for context "
+                f"in max_seq_len {max_seq_len}"
+            )
+        stride = min(doc_stride, max_seq_len - question_len - 4)
+        tok.enable_truncation(max_seq_len, stride=stride, strategy="only_second")
+        first = tok.encode(question, context)
+        windows = [first, *first.overflowing]
+        inputs.append(QaInput(context, windows))
+        rows.extend(row(w) for w in windows)
+    return inputs, rows
+
+
+def decode_spans(
+    start: np.ndarray, end: np.ndarray, top_k: int, max_answer_len: int, allowed: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Best (start, end) pairs by P(start) x P(end), end >= start, length <= max_answer_len,
+    both inside `allowed` positions."""
+    outer = np.outer(start, end)
+    candidates = np.tril(np.triu(outer), max_answer_len - 1)
+    flat = candidates.flatten()
+    if top_k == 1:
+        order = np.array([np.argmax(flat)])
+    elif len(flat) < top_k:
+        order = np.argsort(-flat)
+    else:
+        part = np.argpartition(-flat, top_k)[:top_k]
+        order = part[np.argsort(-flat[part])]
+    starts, ends = np.unravel_index(order, candidates.shape)
+    ok = np.isin(starts, allowed.nonzero()) & np.isin(ends, allowed.nonzero())
+    starts, ends = starts[ok], ends[ok]
+    return starts, ends, candidates[starts, ends]
+
+
+def postprocess(
+    ctx: TaskContext,
+    inputs: list[QaInput],
+    results: list[RowResult],
+    top_k: int,
+    max_answer_len: int,
+    handle_impossible_answer: bool,
+) -> list[dict | list[dict]]:
+    cls_id = ctx.spec.tokenizer.cls_id
+    out: list[dict | list[dict]] = []
+    cursor = 0
+    for item in inputs:
+        answers = []
+        min_null = 1_000_000.0
+        for enc in item.windows:
+            result = results[cursor]
+            cursor += 1
+            # Context tokens (sequence 1) and [CLS] may be chosen; question, [SEP] may not.
+            allowed = np.array([s == 1 for s in enc.sequence_ids], dtype=bool)
+            allowed[np.asarray(enc.ids) == cls_id] = True
+            start = np.where(allowed, result.outputs["start_logits"], -10000.0).astype(np.float64)
+            end = np.where(allowed, result.outputs["end_logits"], -10000.0).astype(np.float64)
+            start = np.exp(start - start.max())
+            start /= start.sum()
+            end = np.exp(end - end.max())
+            end /= end.sum()
+            if handle_impossible_answer:
+                min_null = min(min_null, float(start[0] * end[0]))
+            start[0] = end[0] = 0.0
+            starts, ends, scores = decode_spans(start, end, top_k, max_answer_len, allowed)
+            for s, e, score in zip(starts, ends, scores, strict=True):
+                first, last = word_span(enc, int(s), int(e))
+                answers.append(
+                    {
+                        "score": float(score),
+                        "start": first,
+                        "end": last,
+                        "answer": item.context[first:last],
+                    }
+                )
+        if handle_impossible_answer:
+            answers.append({"score": min_null, "start": 0, "end": 0, "answer": ""})
+        answers = sorted(answers, key=lambda a: a["score"], reverse=True)[:top_k]
+        out.append(answers[0] if len(answers) == 1 else answers)
+    return out
+
+
+def word_span(enc: Encoding, s: int, e: int) -> tuple[int, int]:
+    """Character span of the whole words holding tokens s..e (a token may sit mid-word)."""
+    start_word, end_word = enc.token_to_word(s), enc.token_to_word(e)
+    if start_word is None or end_word is None:
+        return enc.offsets[s][0], enc.offsets[e][1]
+    return (
+        enc.word_to_chars(start_word, sequence_index=1)[0],
+        enc.word_to_chars(end_word, sequence_index=1)[1],
+    )
