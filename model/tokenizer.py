@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import (
+    AddedToken,
     Tokenizer,
     decoders,
     models,
@@ -122,7 +123,12 @@ class BertTokenizer:
         wordpiece = models.WordPiece.from_file(
             str(vocab_file), unk_token=UNK, max_input_chars_per_word=100
         )
-        return cls(_add_templates(_pipeline(wordpiece, lowercase)), lowercase)
+        tok = _pipeline(wordpiece, lowercase)
+        # As BertTokenizerFast: "[MASK]" typed in a text is the mask token, not "[", "mask", "]".
+        tok.add_special_tokens(
+            [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
+        )
+        return cls(_add_templates(tok), lowercase)
 
     @classmethod
     def from_file(cls, path: str | Path) -> BertTokenizer:

@@ -39,6 +39,7 @@ class ServiceState:
     warmed: bool = False
     draining: bool = False
     in_flight: int = 0
+    _warming: asyncio.Task[None] | None = None
 
     @property
     def ready(self) -> bool:
@@ -125,15 +126,26 @@ class ServiceState:
             log.info("warmed %s in %.2f s", model.name, time.monotonic() - started)
 
     async def start(self) -> None:
+        """Load every bundle (errors stop the start-up), then warm up in the background:
+        /health/live answers at once, /health/ready only once every model is warm."""
         await asyncio.to_thread(self.load)
         for model in self.models.values():
             model.batcher.start()
-        if self.settings.warmup:
-            await asyncio.to_thread(self.warm_up)
+        self._warming = asyncio.create_task(self._warm())
+
+    async def _warm(self) -> None:
+        try:
+            if self.settings.warmup:
+                await asyncio.to_thread(self.warm_up)
+        except Exception:
+            log.exception("warm-up failed: the service stays not ready")
+            return
         self.warmed = True
         self.metrics.ready.set(1)
 
     async def stop(self) -> None:
         self.metrics.ready.set(0)
+        if self._warming is not None:
+            self._warming.cancel()
         for model in self.models.values():
             await model.batcher.stop()

@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny BERT config (the transformers tester's shape) and padded batches."""
+"""Shared fixtures: tiny transformers checkpoints (and bundles of them) built once a session."""
 
 from __future__ import annotations
 
@@ -20,3 +20,27 @@ def shared_data(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} is not present")
     return path
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    from tests.helpers.checkpoints import make_checkpoints
+
+    return make_checkpoints(tmp_path_factory.mktemp("checkpoints"))
+
+
+@pytest.fixture(scope="session")
+def bundle_dir(checkpoints, tmp_path_factory) -> Path:
+    """One directory with a bundle for every task: pre-training (fill-mask + nsp), classify,
+    ner, qa, exported from the tiny checkpoints."""
+    from export.bundle import build_bundle
+
+    root = tmp_path_factory.mktemp("bundles")
+    for name, arch, task in (
+        ("pretrained", "BertForPreTraining", "fill-mask"),
+        ("sentiment", "BertForSequenceClassification", "classify"),
+        ("entities", "BertForTokenClassification", "ner"),
+        ("squad", "BertForQuestionAnswering", "qa"),
+    ):
+        build_bundle(checkpoints[arch], [task], root / name)
+    return root

@@ -63,8 +63,10 @@ def piece_scores(item: NerInput, results: list[RowResult]) -> np.ndarray:
     return scores
 
 
-def tokens_to_string(tokens: list[str]) -> str:
-    return " ".join(tokens).replace(" ##", "").strip()
+def tokens_to_string(ctx: TaskContext, tokens: list[str]) -> str:
+    """Word pieces back to text with the tokenizer's own decoder (joins ##, tidies punctuation),
+    as transformers' convert_tokens_to_string."""
+    return ctx.tokenizer.decoder.decode(tokens)
 
 
 def postprocess(
@@ -99,7 +101,7 @@ def postprocess(
                     "is_subword": is_subword,
                 }
             )
-        entities = aggregate(pre, strategy, labels)
+        entities = aggregate(ctx, pre, strategy, labels)
         out.append(
             [
                 e
@@ -111,7 +113,7 @@ def postprocess(
     return out
 
 
-def aggregate(pre: list[dict], strategy: str, labels: list[str]) -> list[dict]:
+def aggregate(ctx: TaskContext, pre: list[dict], strategy: str, labels: list[str]) -> list[dict]:
     if strategy in ("none", "simple"):
         entities = []
         for p in pre:
@@ -129,11 +131,13 @@ def aggregate(pre: list[dict], strategy: str, labels: list[str]) -> list[dict]:
         if strategy == "none":
             return entities
     else:
-        entities = aggregate_words(pre, strategy, labels)
-    return group_entities(entities)
+        entities = aggregate_words(ctx, pre, strategy, labels)
+    return group_entities(ctx, entities)
 
 
-def aggregate_words(pre: list[dict], strategy: str, labels: list[str]) -> list[dict]:
+def aggregate_words(
+    ctx: TaskContext, pre: list[dict], strategy: str, labels: list[str]
+) -> list[dict]:
     words, group = [], None
     for p in pre:
         if group is None:
@@ -141,14 +145,14 @@ def aggregate_words(pre: list[dict], strategy: str, labels: list[str]) -> list[d
         elif p["is_subword"]:
             group.append(p)
         else:
-            words.append(aggregate_word(group, strategy, labels))
+            words.append(aggregate_word(ctx, group, strategy, labels))
             group = [p]
     if group is not None:
-        words.append(aggregate_word(group, strategy, labels))
+        words.append(aggregate_word(ctx, group, strategy, labels))
     return words
 
 
-def aggregate_word(group: list[dict], strategy: str, labels: list[str]) -> dict:
+def aggregate_word(ctx: TaskContext, group: list[dict], strategy: str, labels: list[str]) -> dict:
     if strategy == "first":
         scores = group[0]["scores"]
     elif strategy == "max":
@@ -159,7 +163,7 @@ def aggregate_word(group: list[dict], strategy: str, labels: list[str]) -> dict:
     return {
         "entity": labels[i],
         "score": float(scores[i]),
-        "word": tokens_to_string([p["word"] for p in group]),
+        "word": tokens_to_string(ctx, [p["word"] for p in group]),
         "start": group[0]["start"],
         "end": group[-1]["end"],
     }
@@ -173,7 +177,7 @@ def get_tag(name: str) -> tuple[str, str]:
     return "I", name  # not B-/I-: a continuation
 
 
-def group_entities(entities: list[dict]) -> list[dict]:
+def group_entities(ctx: TaskContext, entities: list[dict]) -> list[dict]:
     groups, current = [], []
     for entity in entities:
         if not current:
@@ -184,18 +188,18 @@ def group_entities(entities: list[dict]) -> list[dict]:
         if tag == last_tag and bi != "B":
             current.append(entity)
         else:
-            groups.append(group_sub_entities(current))
+            groups.append(group_sub_entities(ctx, current))
             current = [entity]
     if current:
-        groups.append(group_sub_entities(current))
+        groups.append(group_sub_entities(ctx, current))
     return groups
 
 
-def group_sub_entities(entities: list[dict]) -> dict:
+def group_sub_entities(ctx: TaskContext, entities: list[dict]) -> dict:
     return {
         "entity_group": entities[0]["entity"].split("-", 1)[-1],
         "score": float(np.nanmean([e["score"] for e in entities])),
-        "word": tokens_to_string([e["word"] for e in entities]),
+        "word": tokens_to_string(ctx, [e["word"] for e in entities]),
         "start": entities[0]["start"],
         "end": entities[-1]["end"],
     }

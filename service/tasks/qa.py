@@ -107,17 +107,18 @@ def postprocess(
             if handle_impossible_answer:
                 min_null = min(min_null, float(start[0] * end[0]))
             start[0] = end[0] = 0.0
-            starts, ends, scores = decode_spans(start, end, top_k, max_answer_len, allowed)
+            # Widening to whole words can merge candidates: decode more than asked for.
+            starts, ends, scores = decode_spans(start, end, 2 * top_k + 10, max_answer_len, allowed)
             for s, e, score in zip(starts, ends, scores, strict=True):
                 first, last = word_span(enc, int(s), int(e))
-                answers.append(
-                    {
-                        "score": float(score),
-                        "start": first,
-                        "end": last,
-                        "answer": item.context[first:last],
-                    }
-                )
+                text = item.context[first:last]
+                same = next((a for a in answers if a["answer"].lower() == text.lower()), None)
+                if same is not None:  # one answer found twice (overlapping windows, or words)
+                    same["score"] += float(score)
+                else:
+                    answers.append(
+                        {"score": float(score), "start": first, "end": last, "answer": text}
+                    )
         if handle_impossible_answer:
             answers.append({"score": min_null, "start": 0, "end": 0, "answer": ""})
         answers = sorted(answers, key=lambda a: a["score"], reverse=True)[:top_k]

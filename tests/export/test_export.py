@@ -16,7 +16,7 @@ from export.graph import TaskGraph, graph_io
 from export.parity import onnx_outputs, torch_outputs
 from model.checkpoint import load_model
 from service.bundle import BundleError, load_bundle_spec
-from tests.export.conftest import HF_CLASSES, TEXTS
+from tests.helpers.checkpoints import HF_CLASSES, TEXTS
 
 TASK_ARCH = {
     "fill-mask": "BertForPreTraining",

@@ -1,4 +1,4 @@
-"""Tiny checkpoints with a matching 99-token vocabulary, saved as transformers saves them."""
+"""Tiny transformers checkpoints with a matching 99-token vocabulary, and bundles made of them."""
 
 # ruff: noqa: SIM905
 from __future__ import annotations
@@ -6,7 +6,6 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-import pytest
 import torch
 import transformers
 
@@ -44,6 +43,7 @@ def write_vocab(path: Path) -> None:
         "!",
         *WORDS,
     ]
+    pieces = list(dict.fromkeys(pieces))  # "a" is a letter and a word
     assert len(pieces) <= 99
     pieces += [f"[unused{i}]" for i in range(99 - len(pieces))]
     path.write_text("\n".join(pieces) + "\n")
@@ -79,7 +79,5 @@ def hf_checkpoint(directory: Path, architecture: str, seed: int = 0) -> Path:
     return directory
 
 
-@pytest.fixture(scope="session")
-def checkpoints(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("checkpoints")
+def make_checkpoints(root: Path) -> dict[str, Path]:
     return {name: hf_checkpoint(root / name, name) for name in HF_CLASSES}
