@@ -86,6 +86,17 @@ def main(argv: list[str] | None = None) -> int:
             name = "BERTSERVE_" + "_".join(str(p) for p in error["loc"]).upper()
             print(f"error: {name}: {error['msg']}", file=sys.stderr)  # noqa: T201
         return 2
+    from service.bundle import BUNDLE_FILE, BundleError, load_bundle_spec
+
+    try:  # fail fast, in one line, on a bad bundle (the lifespan would say it in a traceback)
+        found = sorted(settings.bundles.glob(f"*/{BUNDLE_FILE}"))
+        if not found:
+            raise BundleError(f"{settings.bundles}: no bundles (no */{BUNDLE_FILE})")
+        for path in found:
+            load_bundle_spec(path.parent)
+    except BundleError as exc:
+        print(f"error: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=settings.log_level.upper(), handlers=[handler], force=True)

@@ -195,9 +195,12 @@ def create_app(settings: Settings) -> FastAPI:
 
 
 def describe_validation(errors: Any) -> str:
-    parts = []
+    parts: list[str] = []
     for error in list(errors)[:3]:
-        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+        # Union members show up in the path as type names ("NspInput", "list[str]"): drop them.
+        loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+        where = ".".join(p for p in loc if not (p[:1].isupper() or "[" in p or p == "str"))
+        where = where or "body"
         if error.get("type") == "json_invalid":
             parts.append("the body is not valid JSON (UTF-8)")
         else:

@@ -1,0 +1,337 @@
+"""The service's promises over real HTTP: batching, admission, cancellation, failures, deadlines,
+readiness, errors, auth, metrics. Faults are injected by wrapping the real ONNX Runtime engine."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.helpers.server import live_server
+
+pytestmark = pytest.mark.slow
+
+
+class Wrapped:
+    """The real engine behind a fault: a delay, a failure on chosen calls, or a gate."""
+
+    def __init__(self, engine, delay=0.0, fail_calls=(), gate: threading.Event | None = None):
+        self.engine, self.delay, self.fail_calls, self.gate = engine, delay, set(fail_calls), gate
+        self.calls = 0
+        self.rows_seen: list[int] = []
+
+    def run(self, feeds):
+        self.calls += 1
+        self.rows_seen.append(len(feeds["input_ids"]))
+        if self.gate is not None:
+            self.gate.wait(10)
+        time.sleep(self.delay)
+        if self.calls in self.fail_calls:
+            raise RuntimeError("injected backend failure")
+        return self.engine.run(feeds)
+
+
+def wrap(live, name, **kwargs) -> Wrapped:
+    batcher = live.state.models[name].batcher
+    batcher.backend = Wrapped(batcher.backend, **kwargs)
+    return batcher.backend
+
+
+def metric(live, name, **labels) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with live.client() as c:
+        text = c.get("/metrics").text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+@pytest.fixture(scope="module")
+def server(bundle_dir):
+    with live_server(bundles=bundle_dir, max_wait_ms=5) as live:
+        yield live
+
+
+SENTENCES = ["the film was good", "a dull movie", "paris", "who was the first king of france ?"]
+
+
+def test_batched_results_equal_single_results(server):
+    with server.client() as c:
+        batched = c.post("/classify", json={"inputs": SENTENCES, "parameters": {"top_k": None}})
+        singles = [
+            c.post("/classify", json={"inputs": s, "parameters": {"top_k": None}}).json()
+            for s in SENTENCES
+        ]
+    for a, b in zip(batched.json(), singles, strict=True):
+        assert [x["label"] for x in a] == [x["label"] for x in b]
+        np.testing.assert_allclose([x["score"] for x in a], [x["score"] for x in b], atol=1e-5)
+
+
+def test_two_concurrent_requests_share_one_batch(bundle_dir):
+    with live_server(bundles=bundle_dir, max_wait_ms=300) as live:
+        backend = wrap(live, "sentiment")
+
+        async def two():
+            async with httpx.AsyncClient(base_url=live.url) as c:
+                return await asyncio.gather(
+                    c.post("/classify", json={"inputs": "the film was good"}),
+                    c.post("/classify", json={"inputs": "a dull movie , a bad year"}),
+                )
+
+        responses = asyncio.run(two())
+        assert [r.status_code for r in responses] == [200, 200]
+        assert backend.calls == 1 and backend.rows_seen == [2]
+
+
+def test_admission_limit_gives_429_with_retry_after(bundle_dir):
+    with live_server(bundles=bundle_dir, max_queue_rows=2, max_batch_rows=1) as live:
+        gate = threading.Event()
+        wrap(live, "sentiment", gate=gate)
+
+        async def flood():
+            async with httpx.AsyncClient(base_url=live.url, timeout=20) as c:
+                tasks = [
+                    asyncio.create_task(c.post("/classify", json={"inputs": f"text {i}"}))
+                    for i in range(6)
+                ]
+                await asyncio.sleep(0.5)
+                gate.set()
+                return await asyncio.gather(*tasks)
+
+        responses = asyncio.run(flood())
+        codes = sorted(r.status_code for r in responses)
+        assert codes.count(200) >= 2 and set(codes) <= {200, 429}, codes
+        refused = next(r for r in responses if r.status_code == 429)
+        assert refused.headers["retry-after"] == "1"
+        assert refused.json()["error_type"] == "overloaded"
+        assert "retry shortly" in refused.json()["error"]
+
+
+def test_cancelled_request_costs_no_inference(bundle_dir):
+    with live_server(bundles=bundle_dir, max_batch_rows=1) as live:
+        gate = threading.Event()
+        backend = wrap(live, "sentiment", gate=gate)
+
+        async def scenario():
+            async with httpx.AsyncClient(base_url=live.url, timeout=20) as c:
+                first = asyncio.create_task(
+                    c.post("/classify", json={"inputs": "held in the model"})
+                )
+                await asyncio.sleep(0.3)  # the first batch is inside the (gated) backend
+                async with httpx.AsyncClient(base_url=live.url) as gone:
+                    second = asyncio.create_task(gone.post("/classify", json={"inputs": "bye"}))
+                    await asyncio.sleep(0.3)  # queued behind the first
+                    second.cancel()  # the client goes away
+                await asyncio.sleep(0.3)
+                gate.set()
+                return await first
+
+        assert asyncio.run(scenario()).status_code == 200
+        time.sleep(0.2)
+        assert backend.calls == 1  # the abandoned request never reached the model
+        assert (
+            metric(live, "bertserve_dropped_rows_total", model="sentiment", reason="cancelled") == 1
+        )
+
+
+def test_backend_failure_fails_only_its_batch(bundle_dir):
+    with live_server(bundles=bundle_dir) as live:
+        wrap(live, "sentiment", fail_calls={1})
+        with live.client() as c:
+            failed = c.post("/classify", json={"inputs": "first"})
+            ok = c.post("/classify", json={"inputs": "second"})
+        assert failed.status_code == 500
+        assert failed.json() == {
+            "error": "model sentiment failed: injected backend failure",
+            "error_type": "backend",
+        }
+        assert ok.status_code == 200
+        assert metric(live, "bertserve_errors_total", error_type="backend") == 2  # loop + handler
+
+
+def test_stalled_backend_gives_504(bundle_dir):
+    with live_server(bundles=bundle_dir, request_timeout_s=0.3) as live:
+        wrap(live, "sentiment", delay=1.0)
+        with live.client() as c:
+            response = c.post("/classify", json={"inputs": "slow"})
+        assert response.status_code == 504
+        assert response.json()["error_type"] == "timeout"
+
+
+def test_dead_batching_loop_is_restarted(bundle_dir):
+    with live_server(bundles=bundle_dir) as live:
+        batcher = live.state.models["sentiment"].batcher
+        original = batcher._select
+
+        def explode():
+            batcher._select = original
+            raise RuntimeError("injected bug in the batching loop")
+
+        batcher._select = explode
+        with live.client() as c:
+            first = c.post("/classify", json={"inputs": "during the crash"})
+            assert first.status_code == 503
+            assert "batching worker restarted" in first.json()["error"]
+            assert c.post("/classify", json={"inputs": "after"}).status_code == 200
+            assert c.get("/health/ready").status_code == 200
+        assert batcher.restarts == 1
+
+
+def test_readiness_is_false_until_warm(bundle_dir, monkeypatch):
+    from service.state import ServiceState
+
+    release = threading.Event()
+    real = ServiceState.warm_up
+    monkeypatch.setattr(ServiceState, "warm_up", lambda self: (release.wait(10), real(self)))
+    with live_server(bundles=bundle_dir, wait=False) as live, live.client() as c:
+        assert c.get("/health/live").status_code == 200
+        not_ready = c.get("/health/ready")
+        assert not_ready.status_code == 503 and "warming up" in not_ready.json()["error"]
+        refused = c.post("/classify", json={"inputs": "too early"})
+        assert refused.status_code == 503
+        release.set()
+        live.wait_ready()
+        assert c.post("/classify", json={"inputs": "now"}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "message"),
+    [
+        ("/classify", {"inputs": ""}, 422, "input is empty"),
+        ("/classify", {"inputs": "   "}, 422, "input is empty"),
+        ("/classify", {"inputs": []}, 422, "inputs is an empty list"),
+        ("/classify", {"inputs": ["x"] * 33}, 413, "33 inputs in one request; the limit is 32"),
+        ("/classify", {"inputs": "good " * 300}, 413, "the model takes 128"),
+        (
+            "/classify",
+            {"inputs": "x", "parameters": {"top_k": 0}},
+            422,
+            "greater than or equal to 1",
+        ),
+        (
+            "/classify",
+            {"inputs": "x", "parameters": {"function": "softmax"}},
+            422,
+            "parameters.function: Extra inputs are not permitted",
+        ),
+        ("/classify", {"text": "x"}, 422, "inputs: Field required"),
+        ("/fill-mask", {"inputs": "no mask here"}, 422, "input has no [MASK] token"),
+        (
+            "/fill-mask",
+            {"inputs": "the [MASK]", "parameters": {"targets": ["   "]}},
+            422,
+            "give no token of the vocabulary",
+        ),
+        ("/qa", {"inputs": {"question": "who ?", "context": ""}}, 422, "context is empty"),
+        (
+            "/qa",
+            {"inputs": {"question": "who", "context": "x"}, "parameters": {"doc_stride": 400}},
+            422,
+            "doc_stride 400 must be below max_seq_len 384",
+        ),
+        ("/nsp", {"inputs": {"text": "a"}}, 422, "inputs.text_pair: Field required"),
+        ("/ner", {"inputs": "x" * 200_001}, 413, "the limit is 100,000"),
+        ("/classify?model=nope", {"inputs": "x"}, 404, "no model 'nope' serves classify"),
+    ],
+)
+def test_bad_input_gets_a_clear_4xx(server, path, body, status, message):
+    with server.client() as c:
+        response = c.post(path, json=body)
+    assert response.status_code == status, response.text
+    assert message in response.json()["error"]
+    assert response.headers["x-request-id"]
+
+
+def test_truncation_on_request(server):
+    with server.client() as c:
+        response = c.post(
+            "/classify", json={"inputs": "good " * 300, "parameters": {"truncation": True}}
+        )
+    assert response.status_code == 200
+
+
+def test_long_ner_text_is_windowed_not_cut(server):
+    text = "the king of france was born in paris . " * 40  # ~360 pieces, 3 windows of 126
+    with server.client() as c:
+        response = c.post(
+            "/ner",
+            json={
+                "inputs": text,
+                "parameters": {"aggregation_strategy": "none", "ignore_labels": []},
+            },
+        )
+    assert response.status_code == 200
+    tokens = response.json()
+    assert tokens[-1]["end"] == len(text.rstrip())  # the last word is labelled too
+    assert [t["index"] for t in tokens] == list(range(1, len(tokens) + 1))
+
+
+def test_non_utf8_and_oversized_bodies(server):
+    with server.client() as c:
+        bad = c.post(
+            "/classify",
+            content=b'{"inputs": "\xff\xfe"}',
+            headers={"content-type": "application/json"},
+        )
+        assert bad.status_code == 422 and bad.json()["error_type"] == "invalid_input"
+        huge = c.post(
+            "/classify", content=b"x" * 2_000_000, headers={"content-type": "application/json"}
+        )
+        assert huge.status_code == 413
+        assert "over the limit of 1,000,000 bytes" in huge.json()["error"]
+
+
+def test_request_id_is_honoured_and_returned(server):
+    with server.client() as c:
+        response = c.post(
+            "/nsp",
+            json={"inputs": {"text": "a", "text_pair": "b"}},
+            headers={"x-request-id": "abc-123"},
+        )
+    assert response.headers["x-request-id"] == "abc-123"
+    body = response.json()
+    assert set(body) == {"is_next", "score"} and body["is_next"] == (body["score"] >= 0.5)
+
+
+def test_bearer_auth_guards_the_api_not_health(bundle_dir):
+    with live_server(bundles=bundle_dir, api_key="s3cret") as live, live.client() as c:
+        assert c.post("/classify", json={"inputs": "x"}).status_code == 401
+        wrong = c.post("/classify", json={"inputs": "x"}, headers={"authorization": "Bearer no"})
+        assert wrong.status_code == 401 and wrong.json()["error_type"] == "unauthorized"
+        ok = c.post("/classify", json={"inputs": "x"}, headers={"authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        for path in ("/health/live", "/health/ready", "/metrics"):
+            assert c.get(path).status_code == 200
+
+
+def test_models_and_metrics_describe_the_service(server):
+    with server.client() as c:
+        c.post("/classify", json={"inputs": SENTENCES})
+        models = {m["name"]: m for m in c.get("/models").json()}
+        text = c.get("/metrics").text
+    assert models["pretrained"]["tasks"] == ["fill-mask", "nsp"]
+    assert models["sentiment"]["labels"] == ["negative", "positive", "neutral"]
+    assert models["sentiment"]["provider"] == "CPUExecutionProvider"
+    for name in (
+        "bertserve_requests_total",
+        "bertserve_request_duration_seconds_bucket",
+        "bertserve_stage_duration_seconds_bucket",
+        "bertserve_batch_rows_bucket",
+        "bertserve_batch_tokens_bucket",
+        "bertserve_batch_padding_ratio_bucket",
+        "bertserve_queue_depth",
+        "bertserve_in_flight_requests",
+        "bertserve_model_info",
+        "bertserve_ready",
+    ):
+        assert name in text, name
+    for stage in ("queue", "tokenize", "inference", "postprocess"):
+        assert f'stage="{stage}"' in text
+    assert metric(server, "bertserve_requests_total", endpoint="/classify", status="200") >= 1

@@ -1,0 +1,109 @@
+"""`python -m service` as a real process: start-up errors, and SIGTERM under load."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.helpers.server import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def start(bundles, port, **env):
+    environment = {
+        **os.environ,
+        "BERTSERVE_INTRA_OP_THREADS": "1",
+        **{f"BERTSERVE_{k.upper()}": str(v) for k, v in env.items()},
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "service", "--bundles", str(bundles), "--port", str(port)],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_ready(url, process, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stdout.read()
+        try:
+            if httpx.get(f"{url}/health/ready").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError("service never became ready")
+
+
+def test_sigterm_under_load_loses_no_admitted_request(bundle_dir):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = start(bundle_dir, port, max_wait_ms=1500, drain_timeout_s=20)
+    try:
+        wait_ready(url, process)
+
+        async def load():
+            async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+                tasks = [
+                    asyncio.create_task(c.post("/classify", json={"inputs": f"sentence {i}"}))
+                    for i in range(16)
+                ]
+                while (
+                    'bertserve_queue_depth{model="sentiment"} 16.0'
+                    not in (await c.get("/metrics")).text
+                ):  # all 16 admitted, waiting in the batch window
+                    await asyncio.sleep(0.02)
+                process.send_signal(signal.SIGTERM)
+                await asyncio.sleep(0.05)
+                late = await c.post("/classify", json={"inputs": "after the signal"})
+                return await asyncio.gather(*tasks), late
+
+        responses, late = asyncio.run(load())
+        assert [r.status_code for r in responses] == [200] * 16
+        assert late.status_code == 503 and late.json()["error_type"] == "unavailable"
+        assert process.wait(timeout=30) == 0
+        logs = process.stdout.read()
+        assert "draining 16 in-flight requests" in logs or "draining 17" in logs
+        lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+        served = [x for x in lines if x.get("endpoint") == "/classify" and x.get("status") == 200]
+        assert len(served) == 16 and all("request_id" in x and "queue_ms" in x for x in served)
+    finally:
+        process.kill()
+
+
+def test_startup_errors_are_one_line(bundle_dir, tmp_path):
+    def run(*args, **env):
+        environment = {**os.environ, **{f"BERTSERVE_{k.upper()}": str(v) for k, v in env.items()}}
+        done = subprocess.run(
+            [sys.executable, "-m", "service", *args],
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2, done.stderr
+        return done.stderr.strip()
+
+    assert run("--bundles", str(tmp_path / "missing")) == (
+        f"error: BERTSERVE_BUNDLES: Value error, bundle directory {tmp_path / 'missing'} does "
+        "not exist"
+    )
+    assert "BERTSERVE_PORT" in run("--bundles", str(bundle_dir), port="http")
+    assert "no bundles" in run("--bundles", str(tmp_path))
+    broken = tmp_path / "broken"
+    shutil.copytree(bundle_dir / "sentiment", broken / "sentiment")
+    (broken / "sentiment" / "tokenizer.json").unlink()
+    assert run("--bundles", str(broken)).endswith("tokenizer.json: missing (named in bundle.json)")
+    assert "BERTSERVE_MAX_BATCH_TOKENS" in run("--bundles", str(bundle_dir), max_batch_tokens=4)
