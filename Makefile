@@ -25,6 +25,7 @@ install: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy service
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .
@@ -33,12 +34,18 @@ format: $(STAMP)
 test: lint
 	$(PY) -m pytest
 
-serve: $(STAMP)
+# Serving needs only the cpu extra (no torch): a fresh clone installs that much and serves.
+SERVE_STAMP := $(VENV)/.installed-serve
+$(SERVE_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[cpu]"
+	touch $@
+
+serve: $(SERVE_STAMP)
 	@if ! ls bundles/*/bundle.json >/dev/null 2>&1; then \
-		echo "no bundles yet: bundles/ holds no servable model (see README, 'Status')"; exit 1; fi
-	@if [ ! -f service/__main__.py ]; then \
-		echo "the service is not built yet (see README, 'Status')"; exit 1; fi
-	$(PY) -m service --bundles bundles --port 8000
+		echo "no bundles: bundles/ holds no servable model"; exit 1; fi
+	$(PY) -m service --bundles bundles --host $${BERTSERVE_HOST:-0.0.0.0} --port $${BERTSERVE_PORT:-8000}
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -56,7 +56,8 @@ class DrainingServer(uvicorn.Server):
         logging.getLogger("service").info(
             "signal %d: draining %d in-flight requests", sig, self.state.in_flight
         )
-        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain()))
+        loop = self._loop
+        loop.call_soon_threadsafe(lambda: loop.create_task(self._drain()))
 
     async def _drain(self) -> None:
         deadline = time.monotonic() + self.drain_timeout

@@ -59,7 +59,7 @@ def require_key(request: Request) -> None:
 
 def as_list(inputs: T | list[T], state: ServiceState) -> tuple[list[T], bool]:
     single = not isinstance(inputs, list)
-    items = [inputs] if single else list(inputs)
+    items: list[T] = list(inputs) if isinstance(inputs, list) else [inputs]
     if not items:
         raise InvalidInput("inputs is an empty list")
     if len(items) > state.settings.max_client_batch:

@@ -51,7 +51,7 @@ def postprocess(
     k = min(top_k, len(targets)) if targets is not None else top_k
     for r, result in zip(rows, results, strict=True):
         logits = result.outputs["mlm_logits"].astype(np.float64)  # (P, V)
-        positions = r.mask_positions if r.mask_positions is not None else []
+        positions = r.mask_positions if r.mask_positions is not None else np.zeros(0, np.int64)
         single = len(positions) == 1
         per_mask = []
         for slot, position in enumerate(positions):

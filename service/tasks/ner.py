@@ -178,7 +178,8 @@ def get_tag(name: str) -> tuple[str, str]:
 
 
 def group_entities(ctx: TaskContext, entities: list[dict]) -> list[dict]:
-    groups, current = [], []
+    groups: list[dict] = []
+    current: list[dict] = []
     for entity in entities:
         if not current:
             current.append(entity)

@@ -9,6 +9,7 @@ inside the context, end >= start, at most `max_answer_len` tokens, and is widene
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from tokenizers import Encoding
@@ -33,7 +34,8 @@ def preprocess(
 ) -> tuple[list[QaInput], list[Row]]:
     max_seq_len = min(max_seq_len, ctx.max_len)
     tok = ctx.windowing
-    inputs, rows = [], []
+    inputs: list[QaInput] = []
+    rows: list[Row] = []
     for question, context in pairs:
         ctx.check_text(question, "question")
         ctx.check_text(context, "context")
@@ -90,7 +92,7 @@ def postprocess(
     out: list[dict | list[dict]] = []
     cursor = 0
     for item in inputs:
-        answers = []
+        answers: list[dict[str, Any]] = []
         min_null = 1_000_000.0
         for enc in item.windows:
             result = results[cursor]
