@@ -84,6 +84,9 @@ class Batcher:
         self._stopping = False
         self.restarts = 0
         self.calls = 0  # model calls made: tests and the dead-worker check read it
+        for reason in ("cancelled", "expired"):
+            metrics.dropped.labels(name, reason)
+        metrics.queue_depth.labels(name).set(0)
 
     # --- lifecycle ----------------------------------------------------------------------------
 

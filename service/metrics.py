@@ -22,6 +22,18 @@ LATENCY_BUCKETS = (
     30.0,
 )
 STAGES = ("queue", "tokenize", "inference", "postprocess")
+ERROR_TYPES = (
+    "invalid_input",
+    "too_large",
+    "unauthorized",
+    "not_found",
+    "overloaded",
+    "unavailable",
+    "timeout",
+    "backend",
+    "internal",
+    "client_closed",
+)
 
 
 class Metrics:
@@ -82,3 +94,5 @@ class Metrics:
         )
         self.model_info = Info("bertserve_model", "Served models", ["model"], registry=r)
         self.ready = Gauge("bertserve_ready", "1 when every model is loaded and warm", registry=r)
+        for error_type in ERROR_TYPES:  # export zeros, not absent series, before the first error
+            self.errors.labels(error_type)

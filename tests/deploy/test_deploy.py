@@ -1,0 +1,247 @@
+"""Deployment files checked by every means that runs without a Docker engine or a cluster:
+the real validators (docker-compose config, hadolint, kubernetes-validate) and cross-checks of
+the files against the code (metric names scraped from a running service, probe paths, ports,
+settings, the install command)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from service.settings import Settings
+from tests.helpers.server import live_server
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "docker" / "k8s"
+DOCKERFILES = {"gpu": ROOT / "docker" / "Dockerfile", "cpu": ROOT / "docker" / "Dockerfile.cpu"}
+COMPOSE = [ROOT / "docker-compose.yml", ROOT / "docker-compose.gpu.yml"]
+PLAIN_MANIFESTS = [
+    "deployment.yaml",
+    "service.yaml",
+    "pdb.yaml",
+    "hpa.yaml",
+    "prometheus-adapter.yaml",
+]
+
+
+def tool(name: str) -> str:
+    """A validator: next to this Python (pip-installed) or on PATH. Missing is a failure in CI
+    (.ci/run installs them) and a skip elsewhere."""
+    path = Path(sys.executable).parent / name
+    found = str(path) if path.exists() else shutil.which(name)
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is not installed")
+        pytest.skip(f"{name} is not installed")
+    return found
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def deployment() -> dict:
+    return yaml.safe_load((K8S / "deployment.yaml").read_text())
+
+
+def container(manifest: dict) -> dict:
+    return manifest["spec"]["template"]["spec"]["containers"][0]
+
+
+# --- the validators -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("files", [COMPOSE[:1], COMPOSE], ids=["cpu", "gpu"])
+def test_compose_files_validate_offline(files):
+    args = [a for f in files for a in ("-f", str(f))]
+    done = run(tool("docker-compose"), *args, "config", "-q")
+    assert done.returncode == 0, done.stderr
+
+
+def test_gpu_override_reserves_a_gpu_and_cpu_stack_does_not():
+    cpu = yaml.safe_load(run(tool("docker-compose"), "-f", str(COMPOSE[0]), "config").stdout)
+    args = [a for f in COMPOSE for a in ("-f", str(f))]
+    gpu = yaml.safe_load(run(tool("docker-compose"), *args, "config").stdout)
+    assert "deploy" not in cpu["services"]["bertserve"]
+    devices = gpu["services"]["bertserve"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"capabilities": ["gpu"], "count": 1, "driver": "nvidia"}]
+    assert gpu["services"]["bertserve"]["build"]["dockerfile"] == "docker/Dockerfile"
+    for stack in (cpu, gpu):
+        services = stack["services"]
+        assert services["prometheus"]["depends_on"]["bertserve"]["condition"] == "service_healthy"
+        assert services["grafana"]["depends_on"]["prometheus"]["condition"] == "service_healthy"
+        assert all("healthcheck" in services[s] for s in ("bertserve", "prometheus"))
+
+
+@pytest.mark.parametrize("kind", ["gpu", "cpu"])
+def test_dockerfiles_pass_hadolint(kind):
+    done = run(tool("hadolint"), str(DOCKERFILES[kind]))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_plain_manifests_validate_against_kubernetes_schemas(tmp_path):
+    validate = tool("kubernetes-validate")
+    done = run(validate, "--strict", "--quiet", *(str(K8S / m) for m in PLAIN_MANIFESTS))
+    assert done.returncode == 0, done.stdout + done.stderr
+    # The GPU overlay is a strategic-merge patch: apply it as kustomize would, then validate.
+    merged = tmp_path / "deployment-gpu.yaml"
+    merged.write_text(yaml.safe_dump(gpu_deployment()))
+    done = run(validate, "--strict", "--quiet", str(merged))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def gpu_deployment() -> dict:
+    base = deployment()
+    patch = yaml.safe_load((K8S / "gpu" / "deployment-gpu.yaml").read_text())
+    merged = copy.deepcopy(base)
+    target, update = container(merged), container(patch)
+    assert update["name"] == target["name"]
+    target["image"] = update["image"]
+    env = {e["name"]: e for e in target["env"]} | {e["name"]: e for e in update["env"]}
+    target["env"] = list(env.values())
+    for key in ("requests", "limits"):
+        target["resources"][key] = target["resources"].get(key, {}) | update["resources"][key]
+    return merged
+
+
+def test_kustomizations_list_every_manifest():
+    base = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert sorted(base["resources"]) == sorted([*PLAIN_MANIFESTS, "servicemonitor.yaml"])
+    gpu = yaml.safe_load((K8S / "gpu" / "kustomization.yaml").read_text())
+    assert gpu["resources"] == [".."] and gpu["patches"] == [{"path": "deployment-gpu.yaml"}]
+    assert container(gpu_deployment())["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+def test_custom_resources_are_well_formed():
+    monitor = yaml.safe_load((K8S / "servicemonitor.yaml").read_text())
+    service = yaml.safe_load((K8S / "service.yaml").read_text())
+    assert (
+        monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["kind"] == "ServiceMonitor"
+    )
+    assert monitor["spec"]["selector"]["matchLabels"] == service["metadata"]["labels"]
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+
+    adapter = yaml.safe_load(
+        yaml.safe_load((K8S / "prometheus-adapter.yaml").read_text())["data"]["config.yaml"]
+    )
+    [rule] = adapter["rules"]
+    assert set(rule) == {"seriesQuery", "resources", "name", "metricsQuery"}
+    assert rule["resources"]["overrides"] == {
+        "namespace": {"resource": "namespace"},
+        "pod": {"resource": "pod"},
+    }
+    hpa = yaml.safe_load((K8S / "hpa.yaml").read_text())
+    [metric] = hpa["spec"]["metrics"]
+    assert metric["type"] == "Pods"
+    assert metric["pods"]["metric"]["name"] == rule["name"]["as"]
+    assert re.match(rule["name"]["matches"], metric["pods"]["metric"]["name"])
+
+
+# --- the files against the code -----------------------------------------------------------------
+
+
+def metric_names_used() -> set[str]:
+    texts = [
+        (ROOT / "docker/grafana/dashboards/bertserve.json").read_text(),
+        (K8S / "hpa.yaml").read_text(),
+        (K8S / "prometheus-adapter.yaml").read_text(),
+    ]
+    return {name for text in texts for name in re.findall(r"\bbertserve_[a-z_]+", text)}
+
+
+def test_every_metric_the_dashboard_and_hpa_use_is_exported(bundle_dir):
+    with live_server(bundles=bundle_dir) as live, live.client() as c:
+        c.post("/classify", json={"inputs": "warm the histograms"})
+        exported = set(re.findall(r"^(bertserve_[a-z_]+)", c.get("/metrics").text, re.M))
+    used = metric_names_used()
+    assert {"bertserve_queue_depth", "bertserve_requests_total"} <= used
+    assert used <= exported, sorted(used - exported)
+
+
+def test_dashboard_is_provisioned_and_has_the_panels():
+    dashboard = json.loads((ROOT / "docker/grafana/dashboards/bertserve.json").read_text())
+    titles = " | ".join(p["title"] for p in dashboard["panels"]).lower()
+    for needed in (
+        "request rate",
+        "latency percentiles",
+        "queue depth",
+        "batch size",
+        "padding ratio",
+        "errors by type",
+        "in-flight",
+    ):
+        assert needed in titles, needed
+    provider = yaml.safe_load(
+        (ROOT / "docker/grafana/provisioning/dashboards/bertserve.yml").read_text()
+    )
+    compose = yaml.safe_load(COMPOSE[0].read_text())
+    mounts = compose["services"]["grafana"]["volumes"]
+    assert f"./docker/grafana/dashboards:{provider['providers'][0]['options']['path']}:ro" in mounts
+    source = yaml.safe_load(
+        (ROOT / "docker/grafana/provisioning/datasources/prometheus.yml").read_text()
+    )["datasources"][0]
+    assert all(p["datasource"]["uid"] == source["uid"] for p in dashboard["panels"])
+    scrape = yaml.safe_load((ROOT / "docker/prometheus/prometheus.yml").read_text())
+    assert scrape["scrape_configs"][0]["static_configs"][0]["targets"] == ["bertserve:8000"]
+
+
+def test_probes_and_ports_match_the_service():
+    from service.app import create_app  # noqa: F401  (routes are registered on import)
+    from service.routes import ops
+
+    routes = {r.path for r in ops.routes}
+    spec = container(deployment())
+    port = Settings.model_fields["port"].default
+    assert spec["ports"][0]["containerPort"] == port
+    assert spec["readinessProbe"]["httpGet"]["path"] == "/health/ready" in routes
+    assert spec["livenessProbe"]["httpGet"]["path"] == "/health/live" in routes
+    assert spec["startupProbe"]["httpGet"]["path"] in routes
+    annotations = deployment()["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(port)
+    assert annotations["prometheus.io/path"] == "/metrics" in routes
+    for text in [f.read_text() for f in DOCKERFILES.values()] + [COMPOSE[0].read_text()]:
+        assert f"http://127.0.0.1:{port}/health/ready" in text
+        assert "8000" in text
+    for dockerfile in DOCKERFILES.values():
+        assert 'ENTRYPOINT ["python", "-m", "service"]' in dockerfile.read_text()  # exec form
+
+
+def test_grace_periods_outlast_the_drain():
+    spec = deployment()["spec"]["template"]["spec"]
+    env = {e["name"]: e["value"] for e in container(deployment())["env"]}
+    drain = float(env["BERTSERVE_DRAIN_TIMEOUT_S"])
+    pre_stop = float(container(deployment())["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert spec["terminationGracePeriodSeconds"] > drain + pre_stop
+    compose = yaml.safe_load(COMPOSE[0].read_text())["services"]["bertserve"]
+    grace = int(compose["stop_grace_period"].rstrip("s"))
+    assert grace > float(compose["environment"]["BERTSERVE_DRAIN_TIMEOUT_S"])
+
+
+def test_every_bertserve_variable_is_a_real_setting():
+    settings = {f"BERTSERVE_{name.upper()}" for name in Settings.model_fields}
+    files = [*DOCKERFILES.values(), *COMPOSE, *K8S.rglob("*.yaml")]
+    used = {v for f in files for v in re.findall(r"\bBERTSERVE_[A-Z_]+\b", f.read_text())}
+    assert used, "no settings found: the pattern is broken"
+    assert used <= settings, sorted(used - settings)
+
+
+def test_install_command_is_one_path():
+    """The Dockerfiles install exactly as the README tells users to, and CI runs that install."""
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    for extra, dockerfile in DOCKERFILES.items():
+        command = f'pip install ".[{extra}]"'
+        assert f"RUN {command}" in dockerfile.read_text()
+        assert command in readme, f"README lacks {command}"
+    assert 'pip install ".[cpu]"' in ci
