@@ -123,12 +123,18 @@ def head_class(config: BertConfig, head: str | None) -> type[BertPreTrainedModel
     return HEADS[name]
 
 
-def load_model(directory: str | Path, head: str | None = None) -> BertPreTrainedModel:
-    """Load a checkpoint directory (ours or Hugging Face's) into `head` (a class name in HEADS)."""
+def load_model(
+    directory: str | Path, head: str | None = None, weights: bool = True, **overrides: object
+) -> BertPreTrainedModel:
+    """Load a checkpoint directory (ours or Hugging Face's) into `head` (a class name in HEADS).
+    `overrides` change the config (labels, dropout) before the model is built; `weights=False`
+    keeps BERT's random initialisation (the no-pre-training baseline) with the same shape."""
     config = read_config(directory)
     cls = head_class(config, head)
+    model = cls(config.replace(architectures=(cls.architecture,), **overrides))
+    if not weights:
+        return model
     state = read_state_dict(directory)
-    model = cls(config.replace(architectures=(cls.architecture,)))
     expected = {k: v for k, v in model.state_dict().items() if k != _TIED}
 
     unknown = [k for k in state if k not in expected and not k.startswith(HEAD_PREFIXES)]

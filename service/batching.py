@@ -243,26 +243,9 @@ class Batcher:
         return batch
 
     def _pad(self, batch: list[_Item]) -> tuple[dict[str, np.ndarray], list[int]]:
-        lengths = [len(item.row) for item in batch]
-        width = max(lengths)
-        n = len(batch)
-        feeds = {
-            "input_ids": np.full((n, width), self.pad_id, dtype=np.int64),
-            "attention_mask": np.zeros((n, width), dtype=np.int64),
-            "token_type_ids": np.zeros((n, width), dtype=np.int64),
-        }
-        for i, item in enumerate(batch):
-            feeds["input_ids"][i, : lengths[i]] = item.row.input_ids
-            feeds["attention_mask"][i, : lengths[i]] = 1
-            feeds["token_type_ids"][i, : lengths[i]] = item.row.token_type_ids
-        if self.uses_positions:
-            rows = [item.row.mask_positions for item in batch]
-            positions = [np.zeros(1, np.int64) if p is None or not len(p) else p for p in rows]
-            feeds["mask_positions"] = np.zeros((n, max(len(p) for p in positions)), np.int64)
-            for i, p in enumerate(positions):
-                feeds["mask_positions"][i, : len(p)] = p
-        tokens = n * width
-        self.metrics.batch_rows.labels(self.name).observe(n)
+        feeds, lengths = pad_rows([item.row for item in batch], self.pad_id, self.uses_positions)
+        tokens = feeds["input_ids"].size
+        self.metrics.batch_rows.labels(self.name).observe(len(batch))
         self.metrics.batch_tokens.labels(self.name).observe(tokens)
         self.metrics.padding.labels(self.name).observe(1 - sum(lengths) / tokens)
         return feeds, lengths
@@ -270,19 +253,53 @@ class Batcher:
     def _slice(
         self, outputs: dict[str, np.ndarray], i: int, length: int, row: Row
     ) -> dict[str, np.ndarray]:
-        out = {}
-        for name, value in outputs.items():
-            if name in self.per_token:
-                out[name] = value[i, :length]
-            elif name == "mlm_logits":
-                count = 0 if row.mask_positions is None else len(row.mask_positions)
-                out[name] = value[i, :count]
-            else:
-                out[name] = value[i]
-        return out
+        return slice_outputs(outputs, i, length, row, self.per_token)
 
     def _fail_all(self, error: Exception) -> None:
         for item in self._items:
             if not item.future.done():
                 item.future.set_exception(error)
         self._items = []
+
+
+def pad_rows(
+    rows: list[Row], pad_id: int, uses_positions: bool
+) -> tuple[dict[str, np.ndarray], list[int]]:
+    """Right-pad rows into the graph's int64 inputs; returns (feeds, lengths)."""
+    lengths = [len(row) for row in rows]
+    width, n = max(lengths), len(rows)
+    feeds = {
+        "input_ids": np.full((n, width), pad_id, dtype=np.int64),
+        "attention_mask": np.zeros((n, width), dtype=np.int64),
+        "token_type_ids": np.zeros((n, width), dtype=np.int64),
+    }
+    for i, row in enumerate(rows):
+        feeds["input_ids"][i, : lengths[i]] = row.input_ids
+        feeds["attention_mask"][i, : lengths[i]] = 1
+        feeds["token_type_ids"][i, : lengths[i]] = row.token_type_ids
+    if uses_positions:
+        positions = [
+            np.zeros(1, np.int64)
+            if r.mask_positions is None or not len(r.mask_positions)
+            else r.mask_positions
+            for r in rows
+        ]
+        feeds["mask_positions"] = np.zeros((n, max(len(p) for p in positions)), np.int64)
+        for i, p in enumerate(positions):
+            feeds["mask_positions"][i, : len(p)] = p
+    return feeds, lengths
+
+
+def slice_outputs(
+    outputs: dict[str, np.ndarray], i: int, length: int, row: Row, per_token: tuple[str, ...]
+) -> dict[str, np.ndarray]:
+    """Row i's share of a batch's outputs, padding removed."""
+    out = {}
+    for name, value in outputs.items():
+        if name in per_token:
+            out[name] = value[i, :length]
+        elif name == "mlm_logits":
+            out[name] = value[i, : 0 if row.mask_positions is None else len(row.mask_positions)]
+        else:
+            out[name] = value[i]
+    return out

@@ -23,18 +23,57 @@ def main(argv: list[str] | None = None) -> int:
         help="stop after this many optimizer steps in total (resume later)",
     )
 
+    fine = commands.add_parser("finetune", help="fine-tune a checkpoint for classify, ner or qa")
+    fine.add_argument("--task", required=True, choices=["classify", "ner", "qa"])
+    fine.add_argument(
+        "--init",
+        required=True,
+        help="checkpoint directory to start from, or 'random' (no pre-training)",
+    )
+    fine.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="with --init random: the checkpoint whose shape and vocabulary to use",
+    )
+    fine.add_argument("--data", required=True, type=Path, help="the data set's directory")
+    fine.add_argument("--out", required=True, type=Path)
+    fine.add_argument("--recipe", default=None, help="default: finetune-<data set>")
+
+    ev = commands.add_parser("evaluate", help="evaluate a bundle through the service's code")
+    ev.add_argument("--task", required=True, choices=["classify", "ner", "qa", "nsp", "mlm"])
+    ev.add_argument("--bundle", required=True, type=Path)
+    ev.add_argument("--data", required=True, type=Path)
+    ev.add_argument("--out", type=Path, default=None, help="also write the result as JSON here")
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    from model.training.recipe import Recipe
+    import json
 
     try:
-        recipe = Recipe.load(args.recipe)
         if not args.data.is_dir():
             raise ValueError(f"--data {args.data} is not a directory")
         if args.command == "pretrain":
             from model.training.pretrain import pretrain
+            from model.training.recipe import Recipe
 
-            pretrain(recipe, args.data, args.out, args.stop_after)
+            pretrain(Recipe.load(args.recipe), args.data, args.out, args.stop_after)
+        elif args.command == "finetune":
+            from model.training.finetune import FinetuneRecipe, finetune
+
+            name = args.recipe or f"finetune-{args.data.name.split('-')[0]}"
+            summary = finetune(
+                args.task, args.init, args.data, args.out, FinetuneRecipe.load(name), args.tokenizer
+            )
+            print(json.dumps(summary, indent=2))  # noqa: T201
+        else:
+            from model.training.evaluate import evaluate
+
+            result = evaluate(args.task, args.bundle, args.data)
+            text = json.dumps(result, indent=2)
+            print(text)  # noqa: T201
+            if args.out:
+                args.out.write_text(text + "\n")
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)  # noqa: T201
         return 2

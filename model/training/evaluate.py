@@ -1,0 +1,207 @@
+"""Evaluation of an exported bundle through the service's own pre- and post-processing (the code
+that serves requests), on ONNX Runtime, without HTTP: what is measured is what is served.
+
+    python -m model.training evaluate --task classify --bundle bundles/sst2 --data DIR
+
+| task     | data (DIR)                 | metric                                              |
+|----------|----------------------------|-----------------------------------------------------|
+| classify | sst2/ (dev.tsv) or trec/   | accuracy                                            |
+| ner      | conll2003/ (eng.testb)     | entity-level micro F1, exact spans (seqeval)        |
+| qa       | squad-v1.1/ (dev)          | EM / F1 with the official normalisation             |
+| nsp      | wikipedia text/            | NSP accuracy on pairs from held-out documents       |
+| mlm      | wikipedia text/            | top-1 accuracy of /fill-mask on masked whole words  |
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from model.training.data import tasks as data
+from model.training.data.wikipedia import is_heldout, read_documents
+from model.training.metrics import accuracy, entity_f1, squad_scores
+from service.batching import Row, RowResult, pad_rows, slice_outputs
+from service.bundle import load_bundle_spec
+from service.engine import Engine
+from service.errors import ServiceError
+from service.settings import Settings
+from service.state import PER_TOKEN
+from service.tasks import classify, fill_mask, ner, nsp, qa
+from service.tasks.common import TaskContext
+
+
+class BundleRunner:
+    """A bundle's ONNX Runtime session and task context, fed in length-sorted batches."""
+
+    def __init__(self, directory: Path, batch_size: int = 64) -> None:
+        self.spec = load_bundle_spec(directory)
+        settings = Settings(bundles=directory.parent, providers="CPUExecutionProvider")
+        self.engine = Engine(directory, self.spec, settings)
+        self.ctx = TaskContext.load(directory, self.spec, max_text_chars=1_000_000)
+        self.per_token = next((PER_TOKEN[t] for t in self.spec.tasks if t in PER_TOKEN), ())
+        self.batch_size = batch_size
+
+    def run(self, rows: list[Row], desc: str = "") -> list[RowResult]:
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+        results: list[RowResult | None] = [None] * len(rows)
+        uses_positions = "mask_positions" in self.spec.inputs
+        for start in tqdm(range(0, len(order), self.batch_size), desc=desc, leave=False):
+            chunk = order[start : start + self.batch_size]
+            feeds, lengths = pad_rows(
+                [rows[i] for i in chunk], self.spec.tokenizer.pad_id, uses_positions
+            )
+            outputs = self.engine.run(feeds)
+            for j, i in enumerate(chunk):
+                results[i] = RowResult(
+                    slice_outputs(outputs, j, lengths[j], rows[i], self.per_token), 0.0, 0.0
+                )
+        return [r for r in results if r is not None]
+
+
+def evaluate_classify(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
+    reader = data.read_trec if (data_dir / "train.txt").is_file() else data.read_sst2
+    examples = reader(data_dir, "dev")
+    rows = classify.preprocess(runner.ctx, [e.text for e in examples], truncate=True)
+    predictions = classify.postprocess(runner.ctx, runner.run(rows, "classify"), 1, None)
+    return {
+        "accuracy": accuracy([e.label for e in examples], [p[0]["label"] for p in predictions]),
+        "examples": len(examples),
+        "data": f"{data_dir.name} dev",
+    }
+
+
+def word_tags(words: list[str], entities: list[dict]) -> list[str]:
+    """Word-level BIO tags from character-offset entities over `" ".join(words)`."""
+    starts, position = [], 0
+    for word in words:
+        starts.append(position)
+        position += len(word) + 1
+    tags = ["O"] * len(words)
+    for entity in entities:
+        kind = entity["entity_group"]
+        inside = [i for i, s in enumerate(starts) if entity["start"] <= s < entity["end"]]
+        for k, i in enumerate(inside):
+            tags[i] = ("B-" if k == 0 else "I-") + kind
+    return tags
+
+
+def evaluate_ner(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
+    sentences = data.read_conll(data_dir, "test")
+    texts = [" ".join(s.words) for s in sentences]
+    inputs, rows = ner.preprocess(runner.ctx, texts, stride=32)
+    entities = ner.postprocess(runner.ctx, inputs, runner.run(rows, "ner"), "first", ["O"])
+    predicted = [word_tags(s.words, e) for s, e in zip(sentences, entities, strict=True)]
+    return entity_f1([s.tags for s in sentences], predicted) | {"data": "CoNLL-2003 eng.testb"}
+
+
+def evaluate_qa(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
+    examples = data.read_squad(data_dir, "dev")
+    inputs, rows, kept = [], [], []
+    for example in examples:
+        try:
+            item, item_rows = qa.preprocess(
+                runner.ctx, [(example.question, example.context)], 384, 128, 64
+            )
+        except ServiceError:  # e.g. a question over 64 tokens: scored as an empty answer
+            kept.append(None)
+            continue
+        kept.append(len(inputs))
+        inputs.extend(item)
+        rows.extend(item_rows)
+    answers = qa.postprocess(runner.ctx, inputs, runner.run(rows, "qa"), 1, 30, False)
+    predictions = [answers[k]["answer"] if k is not None else "" for k in kept]  # type: ignore[index]
+    return squad_scores(predictions, [e.answers for e in examples]) | {
+        "data": "SQuAD v1.1 dev",
+        "refused": kept.count(None),
+    }
+
+
+def heldout_documents(data_dir: Path, fraction: float, limit: int) -> list[list[str]]:
+    docs = [d.sentences for d in read_documents(data_dir) if is_heldout(d.id, fraction)]
+    return [d for d in docs if len(d) >= 4][:limit]
+
+
+def evaluate_nsp(
+    runner: BundleRunner, data_dir: Path, fraction: float = 0.02, pairs: int = 2000, seed: int = 0
+) -> dict[str, Any]:
+    """Half true continuations (sentence i+1 after i), half a sentence of another document."""
+    rng = random.Random(seed)
+    docs = heldout_documents(data_dir, fraction, 10_000)
+    texts, gold = [], []
+    for k in range(pairs):
+        doc = rng.randrange(len(docs))
+        i = rng.randrange(len(docs[doc]) - 1)
+        if k % 2 == 0:
+            texts.append((docs[doc][i], docs[doc][i + 1]))
+            gold.append(True)
+        else:
+            other = rng.choice([d for d in range(len(docs)) if d != doc])
+            texts.append((docs[doc][i], rng.choice(docs[other])))
+            gold.append(False)
+    rows = nsp.preprocess(runner.ctx, texts, truncate=True)
+    predicted = [r["is_next"] for r in nsp.postprocess(runner.run(rows, "nsp"))]
+    return {
+        "nsp_accuracy": accuracy(gold, predicted),
+        "pairs": pairs,
+        "data": f"held-out Wikipedia documents (hash fraction {fraction})",
+    }
+
+
+def evaluate_mlm(
+    runner: BundleRunner,
+    data_dir: Path,
+    fraction: float = 0.02,
+    sentences: int = 2000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """One whole word (a single word piece of 3+ letters) a sentence replaced by [MASK]; hit if
+    /fill-mask's top prediction is that word."""
+    rng = random.Random(seed)
+    tok = runner.ctx.tokenizer
+    texts, gold = [], []
+    for doc in heldout_documents(data_dir, fraction, 10_000):
+        for sentence in doc:
+            words = sentence.split()
+            candidates = [
+                i
+                for i, w in enumerate(words)
+                if w.isalpha() and len(w) >= 3 and tok.token_to_id(w) is not None
+            ]
+            if len(words) < 6 or not candidates:
+                continue
+            i = rng.choice(candidates)
+            gold.append(words[i])
+            texts.append(" ".join([*words[:i], "[MASK]", *words[i + 1 :]]))
+        if len(texts) >= sentences:
+            break
+    texts, gold = texts[:sentences], gold[:sentences]
+    rows = fill_mask.preprocess(runner.ctx, texts, truncate=True)
+    outputs = fill_mask.postprocess(runner.ctx, rows, runner.run(rows, "mlm"), 1, None)
+    predicted = [o[0]["token_str"] for o in outputs]  # type: ignore[index]
+    return {
+        "mlm_word_accuracy": accuracy(gold, predicted),
+        "sentences": len(texts),
+        "data": f"held-out Wikipedia documents (hash fraction {fraction})",
+    }
+
+
+EVALUATORS = {
+    "classify": evaluate_classify,
+    "ner": evaluate_ner,
+    "qa": evaluate_qa,
+    "nsp": evaluate_nsp,
+    "mlm": evaluate_mlm,
+}
+
+
+def evaluate(task: str, bundle: Path, data_dir: Path) -> dict[str, Any]:
+    if task not in EVALUATORS:
+        raise ValueError(f"unknown task {task!r}; tasks: {', '.join(EVALUATORS)}")
+    runner = BundleRunner(bundle)
+    needed = "fill-mask" if task == "mlm" else task
+    if needed not in runner.spec.tasks:
+        raise ValueError(f"bundle {bundle} serves {runner.spec.tasks}, not {needed}")
+    return EVALUATORS[task](runner, data_dir)

@@ -1,0 +1,325 @@
+"""Fine-tuning: SST-2 / TREC (classify), CoNLL-2003 (ner), SQuAD v1.1 (qa).
+
+    python -m model.training finetune --task classify --init checkpoints/pretrained-wiki-tiny \
+        --data ../shared/data/sst2 --out runs/sst2 [--recipe finetune-sst2]
+
+`--init random` trains the same shape from BERT's random initialisation: the no-pre-training
+baseline. The best checkpoint on the dev metric (config.json with id2label, model.safetensors,
+tokenizer.json) is written to OUT with metrics.jsonl and curves.png; training stops early after
+`patience` evaluations without improvement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from model.checkpoint import load_model, save_model
+from model.heads import BertPreTrainedModel
+from model.tokenizer import BertTokenizer
+from model.training.data import tasks as data
+from model.training.loop import MetricsLog, build_optimizer, plot_curves, warmup_linear_decay
+from model.training.metrics import accuracy, entity_f1
+from model.training.recipe import RECIPES_DIR
+
+log = logging.getLogger(__name__)
+HEAD = {
+    "classify": "BertForSequenceClassification",
+    "ner": "BertForTokenClassification",
+    "qa": "BertForQuestionAnswering",
+}
+
+
+@dataclass(frozen=True)
+class FinetuneRecipe:
+    name: str
+    task: str
+    description: str = ""
+    max_seq_len: int = 128
+    batch_size: int = 32
+    epochs: float = 3.0
+    lr: float = 1e-4
+    warmup_fraction: float = 0.1
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    dropout: float = 0.1
+    eval_every: int = 200  # optimizer steps
+    patience: int = 5  # evaluations without a better dev metric
+    train_fraction: float = 1.0  # subsample the training set (stated in the model card)
+    dev_limit: int = 0  # dev examples scored during training (0 = all)
+    doc_stride: int = 128  # qa windows
+    seed: int = 1234
+    threads: int = 0
+
+    @classmethod
+    def load(cls, name_or_path: str | Path) -> FinetuneRecipe:
+        path = Path(name_or_path)
+        if not path.is_file():
+            path = RECIPES_DIR / f"{name_or_path}.toml"
+        if not path.is_file():
+            raise ValueError(f"no fine-tuning recipe {name_or_path!r}")
+        with open(path, "rb") as f:
+            values = tomllib.load(f)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"recipe {path.stem!r}: unknown settings {unknown}")
+        return cls(**{"name": path.stem, **values})
+
+
+# --- features -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Features:
+    """Unpadded training rows: ids, segment ids and the task's targets."""
+
+    input_ids: list[list[int]]
+    token_type_ids: list[list[int]]
+    targets: dict[str, list[Any]]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def build_features(
+    task: str,
+    tok: BertTokenizer,
+    data_dir: Path,
+    split: str,
+    recipe: FinetuneRecipe,
+    labels: list[str],
+) -> tuple[Features, list[Any]]:
+    """Features and the raw examples they came from."""
+    label2id = {label: i for i, label in enumerate(labels)}
+    if task == "classify":
+        reader = data.read_trec if (data_dir / "train.txt").is_file() else data.read_sst2
+        examples: list[Any] = reader(data_dir, split)
+        encodings = tok.encode_batch([e.text for e in examples], max_length=recipe.max_seq_len)
+        return Features(
+            [e.input_ids for e in encodings],
+            [e.token_type_ids for e in encodings],
+            {"labels": [label2id[e.label] for e in examples]},
+        ), examples
+    if task == "ner":
+        examples = data.read_conll(data_dir, split)
+        ids, targets = zip(
+            *(
+                data.align_labels(tok, s.words, s.tags, label2id, recipe.max_seq_len)
+                for s in examples
+            ),
+            strict=True,
+        )
+        return Features(list(ids), [[0] * len(i) for i in ids], {"labels": list(targets)}), examples
+    examples = data.read_squad(data_dir, split, data.ambiguous_ids(data_dir, split))
+    feats = [
+        f for e in examples for f in data.qa_features(tok, e, recipe.max_seq_len, recipe.doc_stride)
+    ]
+    return Features(
+        [f.input_ids for f in feats],
+        [f.token_type_ids for f in feats],
+        {"start_positions": [f.start for f in feats], "end_positions": [f.end for f in feats]},
+    ), examples
+
+
+def task_labels(task: str, data_dir: Path) -> list[str] | None:
+    if task == "ner":
+        return list(data.CONLL_LABELS)
+    if task == "classify":
+        if (data_dir / "train.txt").is_file():
+            return sorted({e.label for e in data.read_trec(data_dir, "train")})
+        return list(data.SST2_LABELS)
+    return None
+
+
+def batch_tensors(features: Features, rows: np.ndarray, pad_id: int) -> dict[str, torch.Tensor]:
+    width = max(len(features.input_ids[i]) for i in rows)
+    n = len(rows)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    types = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    out: dict[str, torch.Tensor] = {}
+    for j, i in enumerate(rows):
+        length = len(features.input_ids[i])
+        ids[j, :length] = torch.tensor(features.input_ids[i])
+        types[j, :length] = torch.tensor(features.token_type_ids[i])
+        mask[j, :length] = 1
+    for name, values in features.targets.items():
+        if isinstance(values[0], list):  # per-token labels
+            t = torch.full((n, width), data.IGNORE, dtype=torch.long)
+            for j, i in enumerate(rows):
+                t[j, : len(values[i])] = torch.tensor(values[i])
+            out[name] = t
+        else:
+            out[name] = torch.tensor([values[i] for i in rows])
+    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask} | out
+
+
+# --- dev metric (torch, during training; the shipped numbers come from `evaluate`) ---------------
+
+
+@torch.no_grad()
+def dev_metric(
+    task: str,
+    model: BertPreTrainedModel,
+    features: Features,
+    examples: list[Any],
+    labels: list[str] | None,
+    pad_id: int,
+) -> dict[str, float]:
+    model.eval()
+    order = np.arange(len(features))
+    losses, predictions = [], []
+    for start in range(0, len(order), 64):
+        rows = order[start : start + 64]
+        batch = batch_tensors(features, rows, pad_id)
+        out = model(**batch)
+        losses.append(float(out.loss) * len(rows))
+        if task == "classify":
+            predictions.extend(out.logits.argmax(-1).tolist())
+        elif task == "ner":
+            for j, i in enumerate(rows):
+                gold = features.targets["labels"][i]
+                pred = out.logits[j].argmax(-1).tolist()
+                predictions.append(
+                    [labels[p] for p, g in zip(pred, gold, strict=False) if g != data.IGNORE]
+                    if labels
+                    else []
+                )
+    model.train()
+    result = {"dev_loss": sum(losses) / max(1, len(features))}
+    if task == "classify":
+        result["dev_metric"] = accuracy(features.targets["labels"], predictions)
+    elif task == "ner":
+        gold = [s.tags[: len(p)] for s, p in zip(examples, predictions, strict=True)]
+        result["dev_metric"] = entity_f1(gold, predictions)["f1"]
+    else:
+        result["dev_metric"] = -result["dev_loss"]  # SQuAD EM/F1 comes from `evaluate`
+    return result
+
+
+# --- the loop -----------------------------------------------------------------------------------
+
+
+def finetune(
+    task: str,
+    init: str,
+    data_dir: Path,
+    out: Path,
+    recipe: FinetuneRecipe,
+    tokenizer_dir: Path | None = None,
+) -> dict[str, Any]:
+    if task not in HEAD:
+        raise ValueError(f"unknown task {task!r}; tasks: {', '.join(HEAD)}")
+    if recipe.threads:
+        torch.set_num_threads(recipe.threads)
+    torch.manual_seed(recipe.seed)
+    random_init = init == "random"
+    source = tokenizer_dir if random_init else Path(init)
+    if source is None:
+        raise ValueError("--init random needs --tokenizer CHECKPOINT (the shape and vocabulary)")
+    tok = BertTokenizer.load(source)
+    labels = task_labels(task, data_dir)
+    overrides: dict[str, Any] = {
+        "hidden_dropout_prob": recipe.dropout,
+        "attention_probs_dropout_prob": recipe.dropout,
+    }
+    if labels:
+        overrides["id2label"] = dict(enumerate(labels))
+        overrides["label2id"] = None
+    model = load_model(source, HEAD[task], weights=not random_init, **overrides)
+    train, _ = build_features(task, tok, data_dir, "train", recipe, labels or [])
+    keep = data.subsample(list(range(len(train))), recipe.train_fraction, recipe.seed)
+    dev, dev_examples = build_features(task, tok, data_dir, "dev", recipe, labels or [])
+    if recipe.dev_limit and len(dev) > recipe.dev_limit and task != "qa":
+        dev = Features(
+            dev.input_ids[: recipe.dev_limit],
+            dev.token_type_ids[: recipe.dev_limit],
+            {k: v[: recipe.dev_limit] for k, v in dev.targets.items()},
+        )
+        dev_examples = dev_examples[: recipe.dev_limit]
+    elif recipe.dev_limit and task == "qa":
+        dev = Features(
+            dev.input_ids[: recipe.dev_limit],
+            dev.token_type_ids[: recipe.dev_limit],
+            {k: v[: recipe.dev_limit] for k, v in dev.targets.items()},
+        )
+
+    steps_per_epoch = max(1, len(keep) // recipe.batch_size)
+    total = max(1, int(steps_per_epoch * recipe.epochs))
+    optimizer = build_optimizer(model, recipe.lr, recipe.weight_decay, (0.9, 0.999))
+    scheduler = warmup_linear_decay(optimizer, max(1, int(recipe.warmup_fraction * total)), total)
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = MetricsLog(out / "metrics.jsonl")
+    metrics.path.write_text("")
+    (out / "recipe.json").write_text(
+        json.dumps(
+            dataclasses.asdict(recipe) | {"init": init, "train_examples": len(keep)}, indent=2
+        )
+    )
+    rng = np.random.default_rng(recipe.seed)
+    best, stale, step = -float("inf"), 0, 0
+    started = time.time()
+    model.train()
+    bar = tqdm(total=total, desc=f"finetune {task} ({recipe.name})", dynamic_ncols=True)
+    while step < total and stale < recipe.patience:
+        order = rng.permutation(keep)
+        for start in range(0, len(order) - recipe.batch_size + 1, recipe.batch_size):
+            batch = batch_tensors(train, order[start : start + recipe.batch_size], tok.pad_id)
+            loss = model(**batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{float(loss):.3f}")
+            if step % 20 == 0:
+                metrics.append(
+                    {
+                        "step": step,
+                        "kind": "train",
+                        "loss": float(loss),
+                        "lr": scheduler.get_last_lr()[0],
+                    }
+                )
+            if step % recipe.eval_every == 0 or step == total:
+                result = dev_metric(task, model, dev, dev_examples, labels, tok.pad_id)
+                metrics.append({"step": step, "kind": "eval", **result})
+                if result["dev_metric"] > best:
+                    best, stale = result["dev_metric"], 0
+                    save_model(model, out)
+                    tok.save(out)
+                else:
+                    stale += 1
+                bar.write(f"step {step}: dev {result['dev_metric']:.2f} (best {best:.2f})")
+            if step >= total or stale >= recipe.patience:
+                break
+    bar.close()
+    plot_curves(
+        metrics.read(),
+        out / "curves.png",
+        ["loss"],
+        ["dev_metric"],
+        f"fine-tuning {task} ({recipe.name}, init {'random' if random_init else 'pre-trained'})",
+    )
+    summary = {
+        "task": task,
+        "best_dev_metric": best,
+        "steps": step,
+        "seconds": round(time.time() - started),
+        "train_examples": len(keep),
+    }
+    (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

@@ -1,0 +1,133 @@
+"""Fine-tuning end to end on tiny data: a checkpoint with its labels comes out, exports, and
+evaluates through the service's code; the random-init baseline runs the same way."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from export.bundle import build_bundle
+from model.checkpoint import load_model
+from model.training.__main__ import main
+from model.training.evaluate import evaluate, word_tags
+
+pytestmark = pytest.mark.slow
+GOOD = ["the film was good", "a good movie", "great and good", "the king was good"]
+BAD = ["the film was dull", "a bad movie", "dull and bad", "the queen was bad"]
+
+
+def write_data(root):
+    rng = random.Random(0)
+    sst = root / "sst2"
+    sst.mkdir()
+    for split, n in (("train", 64), ("dev", 16)):
+        rows = [f"{rng.choice(GOOD)}\t1" if i % 2 else f"{rng.choice(BAD)}\t0" for i in range(n)]
+        (sst / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    conll = root / "conll2003"
+    conll.mkdir()
+    sentence = (
+        "paris I-LOC\nis O\nin O\nfrance I-LOC\n. O\n\nthe O\nking I-PER\nfox I-PER\nwas O\n\n"
+    )
+    for name in ("eng.train", "eng.testa", "eng.testb"):
+        (conll / name).write_text(
+            "-DOCSTART- -X- O O\n\n"
+            + "".join(
+                " ".join([line.split()[0], "X", "X", line.split()[1]]) + "\n" if line else "\n"
+                for line in (sentence * 8).split("\n")
+            )
+        )
+    squad = root / "squad-v1.1"
+    squad.mkdir()
+    context = "the king was born in paris . the queen was born in london ."
+    qas = [
+        {"id": f"q{i}", "question": q, "answers": [{"text": a, "answer_start": context.index(a)}]}
+        for i, (q, a) in enumerate(
+            [("where was the king born ?", "paris"), ("where was the queen born ?", "london")] * 8
+        )
+    ]
+    doc = {"data": [{"title": "t", "paragraphs": [{"context": context, "qas": qas}]}]}
+    for name in ("train-v1.1.json", "dev-v1.1.json"):
+        (squad / name).write_text(json.dumps(doc))
+    return {"classify": sst, "ner": conll, "qa": squad}
+
+
+def write_recipe(path, task):
+    path.write_text(
+        f'task = "{task}"\nmax_seq_len = 64\nbatch_size = 8\nepochs = 12\nlr = 1e-3\n'
+        "eval_every = 4\npatience = 100\ndoc_stride = 16\nthreads = 1\n"
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize("task", ["classify", "ner", "qa"])
+def test_finetune_export_evaluate(task, checkpoints, tmp_path, capsys):
+    data = write_data(tmp_path)[task]
+    recipe = write_recipe(tmp_path / f"{task}.toml", task)
+    out = tmp_path / "model"
+    init = str(checkpoints["BertForPreTraining"])
+    assert (
+        main(
+            [
+                "finetune",
+                "--task",
+                task,
+                "--init",
+                init,
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--recipe",
+                recipe,
+            ]
+        )
+        == 0
+    )
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["steps"] > 0 and (out / "curves.png").is_file()
+    model = load_model(out)
+    if task == "classify":
+        assert model.config.id2label == {0: "negative", 1: "positive"}
+    if task == "ner":
+        assert model.config.id2label[1] == "B-PER"
+    bundle = build_bundle(out, [task], tmp_path / "bundle")
+    assert bundle.tasks == [task]
+    result = evaluate(task, tmp_path / "bundle", data)
+    metric = {"classify": "accuracy", "ner": "f1", "qa": "f1"}[task]
+    assert 0.0 <= result[metric] <= 100.0
+    if task == "classify":
+        assert result["accuracy"] >= 75.0  # a word-level rule, learnt in 96 steps
+
+    baseline = tmp_path / "baseline"
+    assert (
+        main(
+            [
+                "finetune",
+                "--task",
+                task,
+                "--init",
+                "random",
+                "--tokenizer",
+                init,
+                "--data",
+                str(data),
+                "--out",
+                str(baseline),
+                "--recipe",
+                recipe,
+            ]
+        )
+        == 0
+    )
+    assert json.loads((baseline / "recipe.json").read_text())["init"] == "random"
+
+
+def test_word_tags_from_character_entities():
+    words = ["EU", "rejects", "German", "call", "to", "New", "York"]
+    entities = [
+        {"entity_group": "ORG", "start": 0, "end": 2},
+        {"entity_group": "LOC", "start": 26, "end": 34},
+    ]
+    assert word_tags(words, entities) == ["B-ORG", "O", "O", "O", "O", "B-LOC", "I-LOC"]

@@ -1,0 +1,126 @@
+"""Fine-tuning data and metrics: NER label alignment, IOB1 -> BIO, SQuAD windows round-trip every
+answer, span decoding invariants, and the metric functions against hand-computed cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from model.tokenizer import BertTokenizer
+from model.training.data import tasks as data
+from model.training.metrics import entity_f1, exact_match, normalize_answer, squad_scores, token_f1
+from service.tasks.qa import decode_spans
+from tests.conftest import shared_data
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return BertTokenizer.from_vocab(shared_data("bert-base-uncased-vocab", "vocab.txt"))
+
+
+def test_iob1_to_bio():
+    assert data.iob1_to_bio(["I-ORG", "O", "I-MISC", "I-MISC", "B-MISC", "I-PER", "I-LOC"]) == [
+        "B-ORG",
+        "O",
+        "B-MISC",
+        "I-MISC",
+        "B-MISC",
+        "B-PER",
+        "B-LOC",
+    ]
+
+
+def test_ner_labels_go_on_the_first_piece_of_each_word(tok):
+    words = ["Unaffable", "U.S.", "1996-08-22", "(", "Reuters", ")", "don't"]
+    tags = ["B-PER", "B-LOC", "O", "O", "B-ORG", "O", "O"]
+    label2id = {t: i for i, t in enumerate(data.CONLL_LABELS)}
+    ids, labels = data.align_labels(tok, words, tags, label2id, 128)
+    pieces = tok.convert_ids_to_tokens(ids)
+    labelled = [
+        (p, data.CONLL_LABELS[lab])
+        for p, lab in zip(pieces, labels, strict=True)
+        if lab != data.IGNORE
+    ]
+    assert labelled == [
+        ("una", "B-PER"),
+        ("u", "B-LOC"),
+        ("1996", "O"),
+        ("(", "O"),
+        ("reuters", "B-ORG"),
+        (")", "O"),
+        ("don", "O"),
+    ]
+    assert pieces[0] == "[CLS]" and pieces[-1] == "[SEP]"
+    assert labels[0] == labels[-1] == data.IGNORE
+    assert sum(lab != data.IGNORE for lab in labels) == len(words)  # one label a word
+    cut_ids, cut_labels = data.align_labels(tok, words, tags, label2id, 8)
+    assert len(cut_ids) == 8 and cut_ids[-1] == tok.sep_id and cut_labels[-1] == data.IGNORE
+
+
+def test_squad_windows_round_trip_every_answer_that_fits(tok):
+    examples = data.read_squad(shared_data("squad-v1.1"), "train")[:400]
+    found = 0
+    for example in examples:
+        for max_len, stride in ((384, 128), (128, 32)):
+            features = data.qa_features(tok, example, max_len, stride)
+            assert all(len(f.input_ids) <= max_len for f in features)
+            hits = [f for f in features if f.start > 0]
+            answer = example.answers[0]
+            if len(tok.encode(answer).input_ids) < max_len // 3:
+                assert hits, (example.id, max_len)  # a short answer fits some window
+            for f in hits:
+                assert 0 < f.start <= f.end < len(f.input_ids)
+            found += len(hits)
+    assert found > 400
+
+
+def test_squad_answer_spans_decode_to_the_answer(tok):
+    examples = data.read_squad(shared_data("squad-v1.1"), "train")[:300]
+    for example in examples:
+        tok.tokenizer.enable_truncation(128, stride=32, strategy="only_second")
+        first = tok.tokenizer.encode(example.question, example.context)
+        tok.tokenizer.no_truncation()
+        windows = [first, *first.overflowing]
+        for enc, f in zip(windows, data.qa_features(tok, example, 128, 32), strict=True):
+            if f.start:
+                text = example.context[enc.offsets[f.start][0] : enc.offsets[f.end][1]]
+                assert normalize_answer(example.answers[0]) in normalize_answer(text)
+
+
+def test_span_decoding_invariants():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(5, 60))
+        allowed = rng.random(n) < 0.6
+        allowed[0] = True
+        start, end = rng.random(n) * allowed, rng.random(n) * allowed
+        max_len = int(rng.integers(1, 20))
+        starts, ends, scores = decode_spans(start, end, int(rng.integers(1, 8)), max_len, allowed)
+        assert np.all(ends >= starts)
+        assert np.all(ends - starts < max_len)
+        assert np.all(allowed[starts]) and np.all(allowed[ends])
+        assert np.all(np.diff(scores) <= 1e-12)  # best first
+
+
+def test_squad_official_normalisation_and_scores():
+    assert normalize_answer("The  Denver Broncos!") == "denver broncos"
+    assert normalize_answer("an apple, a pear and THE plum.") == "apple pear and plum"
+    assert exact_match("the Broncos", "Broncos") == 1.0
+    assert token_f1("Denver Broncos won", "the Denver Broncos") == pytest.approx(0.8)
+    assert token_f1("Carolina", "Denver Broncos") == 0.0
+    scores = squad_scores(
+        ["Denver Broncos", "Carolina Panthers", "1990"],
+        [["Denver Broncos", "Broncos"], ["Panthers"], ["1990s", "in 1990"]],
+    )
+    assert scores["exact_match"] == pytest.approx(100 / 3)  # "in 1990" is not "1990"
+    two_thirds = 2 * 0.5 * 1 / 1.5  # one of two predicted tokens, the whole reference
+    assert scores["f1"] == pytest.approx(100 * (1 + two_thirds + two_thirds) / 3)
+
+
+def test_entity_f1_exact_spans():
+    gold = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "O"]]
+    pred = [["B-PER", "I-PER", "O", "B-ORG"], ["B-ORG", "O"]]
+    result = entity_f1(gold, pred)  # 2 of 3 predicted right, 2 of 3 gold found
+    assert result["precision"] == pytest.approx(200 / 3)
+    assert result["recall"] == pytest.approx(200 / 3)
+    assert entity_f1([["B-PER", "I-PER"]], [["B-PER", "O"]])["f1"] == 0.0  # partial span = miss
