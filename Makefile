@@ -4,10 +4,10 @@ PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= cpu,train,dev
-STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 comma := ,
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: help install test lint format serve clean
+.PHONY: help install test lint format serve clean pretrained finetuned models
 
 help:
 	@echo "make test    lint and run the test suite (creates $(VENV) on first use)"
@@ -49,3 +49,36 @@ serve: $(SERVE_STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# --- reproducing the shipped weights (the data sets live outside the repo) ---------------------
+DATA ?= ../shared/data
+PRETRAINED := checkpoints/pretrained-wiki-tiny
+CHECKPOINT_FILES := config.json model.safetensors tokenizer.json vocab.txt eval.json curves.png \
+	metrics.jsonl recipe.json
+
+pretrained: $(STAMP)  ## the pre-trained checkpoint and its fill-mask/nsp bundle (~2 h, 2 cores)
+	$(PY) -m model.training pretrain --recipe cpu --data $(DATA)/wikipedia-en-2015/text \
+		--out runs/pretrain-cpu
+	mkdir -p $(PRETRAINED)
+	cd runs/pretrain-cpu && cp $(CHECKPOINT_FILES) $(CURDIR)/$(PRETRAINED)/
+	$(PY) -m export --checkpoint $(PRETRAINED) --task fill-mask --max-seq-len 128 \
+		--out bundles/pretrained-wiki-tiny
+	$(PY) -m model.training evaluate --task nsp --bundle bundles/pretrained-wiki-tiny \
+		--data $(DATA)/wikipedia-en-2015/text --record
+	$(PY) -m model.training evaluate --task mlm --bundle bundles/pretrained-wiki-tiny \
+		--data $(DATA)/wikipedia-en-2015/text --record
+	$(PY) -m export verify bundles/pretrained-wiki-tiny
+
+# One fine-tuned bundle: make finetuned TASK=classify SET=sst2 NAME=sst2-classify
+finetuned: $(STAMP)
+	$(PY) -m model.training finetune --task $(TASK) --init $(PRETRAINED) --data $(DATA)/$(SET) \
+		--out runs/ft-$(NAME)
+	$(PY) -m export --checkpoint runs/ft-$(NAME) --task $(TASK) --out bundles/$(NAME)
+	$(PY) -m model.training evaluate --task $(TASK) --bundle bundles/$(NAME) --data $(DATA)/$(SET) \
+		--record
+	$(PY) -m export verify bundles/$(NAME)
+
+models: pretrained  ## the whole chain, data to bundles
+	$(MAKE) finetuned TASK=classify SET=sst2 NAME=sst2-classify
+	$(MAKE) finetuned TASK=ner SET=conll2003 NAME=conll-ner
+	$(MAKE) finetuned TASK=qa SET=squad-v1.1 NAME=squad-qa

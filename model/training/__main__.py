@@ -45,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--bundle", required=True, type=Path)
     ev.add_argument("--data", required=True, type=Path)
     ev.add_argument("--out", type=Path, default=None, help="also write the result as JSON here")
+    ev.add_argument(
+        "--record",
+        action="store_true",
+        help="record the result in the bundle's bundle.json (metrics.<task>)",
+    )
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -70,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
             from model.training.evaluate import evaluate
 
             result = evaluate(args.task, args.bundle, args.data)
+            if args.record:
+                from model.training.evaluate import record
+
+                record(args.bundle, args.task, result)
             text = json.dumps(result, indent=2)
             print(text)  # noqa: T201
             if args.out:

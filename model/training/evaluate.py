@@ -205,3 +205,13 @@ def evaluate(task: str, bundle: Path, data_dir: Path) -> dict[str, Any]:
     if needed not in runner.spec.tasks:
         raise ValueError(f"bundle {bundle} serves {runner.spec.tasks}, not {needed}")
     return EVALUATORS[task](runner, data_dir)
+
+
+def record(bundle: Path, task: str, result: dict[str, Any]) -> None:
+    """Write `result` into the bundle's bundle.json as metrics[task], validated as the service
+    will read it."""
+    path = bundle / "bundle.json"
+    spec = load_bundle_spec(bundle)
+    updated = spec.model_copy(update={"metrics": {**spec.metrics, task: result}})
+    path.write_text(updated.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    load_bundle_spec(bundle)
