@@ -163,52 +163,43 @@ class ClassifierOutput:
     loss: Tensor | None = None
 
 
-class BertForSequenceClassification(BertPreTrainedModel):
+class _BertClassifier(BertPreTrainedModel):
+    """Dropout + one linear layer over the pooler (one label a sequence) or over every position
+    (one label a token): the two classification heads differ only in what they read."""
+
+    needs_labels = True
+    per_token = False
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=not self.per_token)
+        dropout = config.classifier_dropout
+        self.dropout = nn.Dropout(config.hidden_dropout_prob if dropout is None else dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,  # (B,) or, per token, (B, S) with -100 where ignored
+    ) -> ClassifierOutput:
+        sequence_output, pooled = self.bert(input_ids, attention_mask, token_type_ids)
+        features = sequence_output if self.per_token else pooled  # (B, S, H) or (B, H)
+        logits = self.classifier(self.dropout(features))  # (B, [S,] num_labels)
+        return ClassifierOutput(logits, None if labels is None else cross_entropy(logits, labels))
+
+
+class BertForSequenceClassification(_BertClassifier):
     architecture = "BertForSequenceClassification"
-    needs_labels = True
-
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__(config)
-        self.bert = BertModel(config)
-        dropout = config.classifier_dropout
-        self.dropout = nn.Dropout(config.hidden_dropout_prob if dropout is None else dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.init_weights()
-
-    def forward(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
-        labels: Tensor | None = None,  # (B,)
-    ) -> ClassifierOutput:
-        _, pooled = self.bert(input_ids, attention_mask, token_type_ids)
-        logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
-        return ClassifierOutput(logits, None if labels is None else cross_entropy(logits, labels))
 
 
-class BertForTokenClassification(BertPreTrainedModel):
+class BertForTokenClassification(_BertClassifier):
+    """Labels: the first word piece of each word; -100 on later pieces, specials and padding."""
+
     architecture = "BertForTokenClassification"
-    needs_labels = True
-
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__(config)
-        self.bert = BertModel(config, add_pooling_layer=False)
-        dropout = config.classifier_dropout
-        self.dropout = nn.Dropout(config.hidden_dropout_prob if dropout is None else dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.init_weights()
-
-    def forward(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
-        labels: Tensor | None = None,  # (B, S), -100 on sub-tokens after the first, specials, pad
-    ) -> ClassifierOutput:
-        sequence_output, _ = self.bert(input_ids, attention_mask, token_type_ids)
-        logits = self.classifier(self.dropout(sequence_output))  # (B, S, num_labels)
-        return ClassifierOutput(logits, None if labels is None else cross_entropy(logits, labels))
+    per_token = True
 
 
 @dataclass

@@ -15,7 +15,6 @@ import dataclasses
 import json
 import logging
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from model.tokenizer import BertTokenizer
 from model.training.data import tasks as data
 from model.training.loop import MetricsLog, build_optimizer, plot_curves, warmup_linear_decay
 from model.training.metrics import accuracy, entity_f1
-from model.training.recipe import RECIPES_DIR
+from model.training.recipe import check_keys, read_recipe
 
 log = logging.getLogger(__name__)
 HEAD = {
@@ -63,18 +62,9 @@ class FinetuneRecipe:
 
     @classmethod
     def load(cls, name_or_path: str | Path) -> FinetuneRecipe:
-        path = Path(name_or_path)
-        if not path.is_file():
-            path = RECIPES_DIR / f"{name_or_path}.toml"
-        if not path.is_file():
-            raise ValueError(f"no fine-tuning recipe {name_or_path!r}")
-        with open(path, "rb") as f:
-            values = tomllib.load(f)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"recipe {path.stem!r}: unknown settings {unknown}")
-        return cls(**{"name": path.stem, **values})
+        name, values = read_recipe(name_or_path)
+        check_keys(cls, values, f"recipe {name!r}")
+        return cls(**{"name": name, **values})
 
 
 # --- features -----------------------------------------------------------------------------------
@@ -90,6 +80,11 @@ class Features:
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+    def head(self, n: int) -> Features:
+        return Features(
+            self.input_ids[:n], self.token_type_ids[:n], {k: v[:n] for k, v in self.targets.items()}
+        )
 
 
 def build_features(
@@ -241,19 +236,9 @@ def finetune(
     train, _ = build_features(task, tok, data_dir, "train", recipe, labels or [])
     keep = data.subsample(list(range(len(train))), recipe.train_fraction, recipe.seed)
     dev, dev_examples = build_features(task, tok, data_dir, "dev", recipe, labels or [])
-    if recipe.dev_limit and len(dev) > recipe.dev_limit and task != "qa":
-        dev = Features(
-            dev.input_ids[: recipe.dev_limit],
-            dev.token_type_ids[: recipe.dev_limit],
-            {k: v[: recipe.dev_limit] for k, v in dev.targets.items()},
-        )
+    if recipe.dev_limit:  # the first rows (and, for classify/ner, their examples: one a row)
+        dev = dev.head(recipe.dev_limit)
         dev_examples = dev_examples[: recipe.dev_limit]
-    elif recipe.dev_limit and task == "qa":
-        dev = Features(
-            dev.input_ids[: recipe.dev_limit],
-            dev.token_type_ids[: recipe.dev_limit],
-            {k: v[: recipe.dev_limit] for k, v in dev.targets.items()},
-        )
 
     steps_per_epoch = max(1, len(keep) // recipe.batch_size)
     total = max(1, int(steps_per_epoch * recipe.epochs))

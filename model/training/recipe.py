@@ -68,10 +68,7 @@ class Recipe:
         parts: dict[str, Any] = {}
         for key, kind in (("model", ModelShape), ("data", DataSettings), ("train", TrainSettings)):
             section = data.get(key, {})
-            known = {f.name for f in dataclasses.fields(kind)}
-            unknown = sorted(set(section) - known)
-            if unknown:
-                raise ValueError(f"recipe {name!r}: unknown [{key}] settings {unknown}")
+            check_keys(kind, section, f"recipe {name!r} [{key}]")
             parts[key] = kind(**section)
         unknown = sorted(set(data) - {"model", "data", "train", "description", "name"})
         if unknown:
@@ -81,14 +78,26 @@ class Recipe:
     @classmethod
     def load(cls, name_or_path: str | Path) -> Recipe:
         """A recipe by name (`cpu`, `gpu`, `tiny`, ...: a file in recipes/) or by path."""
-        path = Path(name_or_path)
-        if not path.is_file():
-            path = RECIPES_DIR / f"{name_or_path}.toml"
-        if not path.is_file():
-            known = ", ".join(sorted(p.stem for p in RECIPES_DIR.glob("*.toml")))
-            raise ValueError(f"no recipe {name_or_path!r} (known: {known}, or a path to a .toml)")
-        with open(path, "rb") as f:
-            return cls.from_dict(tomllib.load(f), path.stem)
+        name, values = read_recipe(name_or_path)
+        return cls.from_dict(values, name)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def read_recipe(name_or_path: str | Path) -> tuple[str, dict[str, Any]]:
+    """(name, TOML contents) of a recipe given by name (a file in recipes/) or by path."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = RECIPES_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in RECIPES_DIR.glob("*.toml")))
+        raise ValueError(f"no recipe {name_or_path!r} (known: {known}, or a path to a .toml)")
+    with open(path, "rb") as f:
+        return path.stem, tomllib.load(f)
+
+
+def check_keys(kind: type, values: dict[str, Any], where: str) -> None:
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(kind)})
+    if unknown:
+        raise ValueError(f"{where}: unknown settings {unknown}")
