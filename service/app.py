@@ -24,6 +24,7 @@ from service.settings import Settings
 from service.state import ServiceState
 
 log = logging.getLogger("service.access")
+PATTERN_MESSAGES = {r"\S": "is empty or blank", r"\[MASK\]": "has no [MASK] token"}
 ENDPOINTS = {
     "/fill-mask",
     "/classify",
@@ -181,7 +182,7 @@ def create_app(settings: Settings) -> FastAPI:
             exc.status_code, "http"
         )
         status = 422 if exc.status_code == 400 else exc.status_code  # body parse errors
-        return error_response(status, kind, str(exc.detail))
+        return error_response(status, kind, str(exc.detail), getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def bug(_: Request, exc: Exception) -> JSONResponse:
@@ -195,14 +196,29 @@ def create_app(settings: Settings) -> FastAPI:
 
 
 def describe_validation(errors: Any) -> str:
+    """Pydantic's errors as one line a user can act on. Each union member (a string or a list)
+    reports its own failure; type mismatches of the members that were not meant are dropped
+    when a more specific error exists."""
     parts: list[str] = []
-    for error in list(errors)[:3]:
-        # Union members show up in the path as type names ("NspInput", "list[str]"): drop them.
+    errors = list(errors)
+    specific = [e for e in errors if not str(e.get("type", "")).endswith("_type")]
+    for error in (specific or errors)[:3]:
         loc = [str(p) for p in error.get("loc", ()) if p != "body"]
-        where = ".".join(p for p in loc if not (p[:1].isupper() or "[" in p or p == "str"))
-        where = where or "body"
-        if error.get("type") == "json_invalid":
-            parts.append("the body is not valid JSON (UTF-8)")
+        where = ".".join(p for p in loc if not _union_tag(p)) or "body"
+        kind, ctx = error.get("type"), error.get("ctx") or {}
+        if kind == "json_invalid":
+            message = "the body is not valid JSON (UTF-8)"
+        elif kind == "string_pattern_mismatch" and ctx.get("pattern") in PATTERN_MESSAGES:
+            message = f"{where}: {PATTERN_MESSAGES[ctx['pattern']]}"
+        elif kind in ("string_too_short", "too_short") and ctx.get("min_length") == 1:
+            message = f"{where}: is empty"
         else:
-            parts.append(f"{where}: {error.get('msg')}")
+            message = f"{where}: {error.get('msg')}"
+        if message not in parts:
+            parts.append(message)
     return "; ".join(parts)
+
+
+def _union_tag(part: str) -> bool:
+    """Path segments pydantic adds for union members: "NspInput", "list[str]", "constrained-str"."""
+    return part[:1].isupper() or "[" in part or part == "str" or part.startswith("constrained-")

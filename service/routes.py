@@ -262,7 +262,11 @@ async def ready(request: Request) -> Response:
     return JSONResponse({"error": f"not ready: {reason}", "error_type": "unavailable"}, 503)
 
 
-@ops.get("/metrics")
+@ops.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}},
+)
 async def metrics(request: Request) -> Response:
     return PlainTextResponse(
         generate_latest(state_of(request).metrics.registry), media_type=CONTENT_TYPE_LATEST

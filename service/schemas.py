@@ -3,9 +3,15 @@ a list, `parameters` holds the task's options."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+# What the service enforces, written into the OpenAPI schema so clients (and fuzzers) see it.
+Text = Annotated[str, Field(min_length=1, pattern=r"\S", description="not empty or blank")]
+MaskedText = Annotated[
+    str, Field(min_length=6, pattern=r"\[MASK\]", description="contains at least one [MASK]")
+]
 
 
 class _Request(BaseModel):
@@ -23,7 +29,7 @@ class FillMaskParams(_Params):
 
 
 class FillMaskRequest(_Request):
-    inputs: str | list[str]
+    inputs: MaskedText | Annotated[list[MaskedText], Field(min_length=1)]
     parameters: FillMaskParams = FillMaskParams()
 
 
@@ -34,7 +40,7 @@ class ClassifyParams(_Params):
 
 
 class ClassifyRequest(_Request):
-    inputs: str | list[str]
+    inputs: Text | Annotated[list[Text], Field(min_length=1)]
     parameters: ClassifyParams = ClassifyParams()
 
 
@@ -45,14 +51,14 @@ class NerParams(_Params):
 
 
 class NerRequest(_Request):
-    inputs: str | list[str]
+    inputs: Text | Annotated[list[Text], Field(min_length=1)]
     parameters: NerParams = NerParams()
 
 
 class QaInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    question: str
-    context: str
+    question: Text
+    context: Text
 
 
 class QaParams(_Params):
@@ -65,14 +71,14 @@ class QaParams(_Params):
 
 
 class QaRequest(_Request):
-    inputs: QaInput | list[QaInput]
+    inputs: QaInput | Annotated[list[QaInput], Field(min_length=1)]
     parameters: QaParams = QaParams()
 
 
 class NspInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    text: str
-    text_pair: str
+    text: Text
+    text_pair: Text
 
 
 class NspParams(_Params):
@@ -80,7 +86,7 @@ class NspParams(_Params):
 
 
 class NspRequest(_Request):
-    inputs: NspInput | list[NspInput]
+    inputs: NspInput | Annotated[list[NspInput], Field(min_length=1)]
     parameters: NspParams = NspParams()
 
 

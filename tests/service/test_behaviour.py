@@ -204,9 +204,10 @@ def test_readiness_is_false_until_warm(bundle_dir, monkeypatch):
 @pytest.mark.parametrize(
     ("path", "body", "status", "message"),
     [
-        ("/classify", {"inputs": ""}, 422, "input is empty"),
-        ("/classify", {"inputs": "   "}, 422, "input is empty"),
-        ("/classify", {"inputs": []}, 422, "inputs is an empty list"),
+        ("/classify", {"inputs": ""}, 422, "inputs: is empty"),
+        ("/classify", {"inputs": "   "}, 422, "inputs: is empty or blank"),
+        ("/classify", {"inputs": ["ok", " "]}, 422, "inputs.1: is empty or blank"),
+        ("/classify", {"inputs": []}, 422, "inputs: is empty"),
         ("/classify", {"inputs": ["x"] * 33}, 413, "33 inputs in one request; the limit is 32"),
         ("/classify", {"inputs": "good " * 300}, 413, "the model takes 128"),
         (
@@ -222,14 +223,14 @@ def test_readiness_is_false_until_warm(bundle_dir, monkeypatch):
             "parameters.function: Extra inputs are not permitted",
         ),
         ("/classify", {"text": "x"}, 422, "inputs: Field required"),
-        ("/fill-mask", {"inputs": "no mask here"}, 422, "input has no [MASK] token"),
+        ("/fill-mask", {"inputs": "no mask here"}, 422, "inputs: has no [MASK] token"),
         (
             "/fill-mask",
             {"inputs": "the [MASK]", "parameters": {"targets": ["   "]}},
             422,
             "give no token of the vocabulary",
         ),
-        ("/qa", {"inputs": {"question": "who ?", "context": ""}}, 422, "context is empty"),
+        ("/qa", {"inputs": {"question": "who ?", "context": ""}}, 422, "inputs.context: is empty"),
         (
             "/qa",
             {"inputs": {"question": "who", "context": "x"}, "parameters": {"doc_stride": 400}},

@@ -1,0 +1,47 @@
+"""Property-based fuzzing of every endpoint from the service's own OpenAPI schema (schemathesis):
+no 5xx, every status documented, every response valid against its schema."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+import schemathesis
+from schemathesis import checks
+from hypothesis import HealthCheck, settings
+
+from service.app import create_app
+from service.settings import Settings
+from tests.helpers.server import live_server
+
+pytestmark = pytest.mark.slow
+# The promises: no 5xx, only documented statuses and content types, bodies that match the
+# schema, 405 with Allow for other methods. (Not "every schema-valid request is accepted": a
+# well-formed request can still be refused for its content, e.g. more tokens than the model
+# takes, with a documented 4xx.)
+CHECKS = [
+    checks.not_a_server_error,
+    checks.status_code_conformance,
+    checks.content_type_conformance,
+    checks.response_schema_conformance,
+    checks.response_headers_conformance,
+    checks.unsupported_method,
+]
+
+# The schema comes from the app itself (no server needed to build it).
+schema = schemathesis.openapi.from_dict(
+    create_app(Settings(bundles=Path(tempfile.gettempdir()))).openapi()
+)
+
+
+@pytest.fixture(scope="module")
+def server(bundle_dir):
+    with live_server(bundles=bundle_dir, max_client_batch=8) as live:
+        yield live
+
+
+@schema.parametrize()
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+def test_fuzz(case, server):
+    case.call_and_validate(base_url=server.url, checks=CHECKS)
