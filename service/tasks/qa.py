@@ -15,7 +15,7 @@ import numpy as np
 from tokenizers import Encoding
 
 from service.batching import Row, RowResult
-from service.errors import InvalidInput, TooLarge
+from service.errors import InvalidInput
 from service.tasks.common import TaskContext, row
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import schemathesis
-from schemathesis import checks
 from hypothesis import HealthCheck, settings
+from schemathesis import checks
 
 from service.app import create_app
 from service.settings import Settings
