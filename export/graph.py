@@ -157,7 +157,7 @@ def export_onnx(model: BertPreTrainedModel, tasks: list[str], path: Path) -> Non
             output_names=outputs,
             dynamic_axes=axes,
             opset_version=OPSET,
-            do_constant_folding=True,
+            do_constant_folding=False,
             dynamo=False,
         )
 

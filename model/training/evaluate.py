@@ -170,7 +170,7 @@ def evaluate_mlm(
                 for i, w in enumerate(words)
                 if w.isalpha() and len(w) >= 3 and tok.token_to_id(w) is not None
             ]
-            if len(words) < 6 or not candidates:
+            if not 6 <= len(words) <= 60 or not candidates:  # short enough that nothing is cut
                 continue
             i = rng.choice(candidates)
             gold.append(words[i])

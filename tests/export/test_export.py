@@ -248,3 +248,14 @@ def test_verify_catches_broken_bundles(bundles, tmp_path, capsys):
     (bundle / "model.onnx").unlink()
     with pytest.raises(BundleError, match="model.onnx: missing"):
         load_bundle_spec(bundle)
+
+
+def test_tied_embedding_is_stored_once(bundles):
+    """The MLM decoder is the word-embedding matrix: the graph must not carry a folded,
+    transposed copy of it (that doubled the shipped bundle's size)."""
+    import onnx
+
+    graph = onnx.load(str(bundles["root"] / "fill-mask" / "model.onnx")).graph
+    sizes = [int(np.prod(i.dims)) for i in graph.initializer]
+    vocab_by_hidden = 99 * 32
+    assert sizes.count(vocab_by_hidden) == 1
