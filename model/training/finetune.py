@@ -1,7 +1,7 @@
 """Fine-tuning: SST-2 / TREC (classify), CoNLL-2003 (ner), SQuAD v1.1 (qa).
 
     python -m model.training finetune --task classify --init checkpoints/pretrained-wiki-tiny \
-        --data ../shared/data/sst2 --out runs/sst2 [--recipe finetune-sst2]
+        --data DATA/sst2 --out runs/sst2 [--recipe finetune-sst2]
 
 `--init random` trains the same shape from BERT's random initialisation: the no-pre-training
 baseline. The best checkpoint on the dev metric (config.json with id2label, model.safetensors,

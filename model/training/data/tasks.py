@@ -1,7 +1,7 @@
 """Readers of the fine-tuning data sets, in their published formats, and the features training
 needs: SST-2 and TREC (classification), CoNLL-2003 (NER, IOB1 -> BIO), SQuAD v1.1 (QA windows).
 
-Every reader takes the data set's directory; nothing here knows where ../shared is.
+Every reader takes the data set's directory as an argument; none has a default location.
 """
 
 from __future__ import annotations
