@@ -269,13 +269,13 @@ def finetune(
             optimizer.zero_grad(set_to_none=True)
             step += 1
             bar.update(1)
-            bar.set_postfix(loss=f"{float(loss):.3f}")
+            bar.set_postfix(loss=f"{loss.item():.3f}")
             if step % 20 == 0:
                 metrics.append(
                     {
                         "step": step,
                         "kind": "train",
-                        "loss": float(loss),
+                        "loss": loss.item(),
                         "lr": scheduler.get_last_lr()[0],
                     }
                 )
