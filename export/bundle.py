@@ -37,8 +37,9 @@ from export.parity import (
     torch_outputs,
 )
 from model.checkpoint import load_model, read_config, read_state_dict, sha256, weights_path
+from model.heads import BertPreTrainedModel
 from model.tokenizer import BertTokenizer
-from service.bundle import FORMAT_VERSION, BundleSpec, load_bundle_spec
+from service.bundle import FORMAT_VERSION, LABELLED_TASKS, BundleSpec, load_bundle_spec
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,24 @@ def variant_accuracy(
     return result
 
 
+def torch_parity(
+    model: BertPreTrainedModel,
+    tasks: list[str],
+    tokenizer: BertTokenizer,
+    onnx_path: Path,
+    inputs: list[str],
+    outputs: list[str],
+    max_len: int,
+) -> dict[str, Any]:
+    """The torch model and an exported graph on the same sample sentences, compared."""
+    feeds = sample_feeds(tokenizer, SAMPLE_TEXTS, inputs, max_len)
+    return compare(
+        torch_outputs(TaskGraph(model, tasks), feeds, inputs, outputs),
+        onnx_outputs(onnx_path, feeds),
+        feeds,
+    )
+
+
 def variant_problem(result: dict[str, Any]) -> str | None:
     if result["top1_agreement"] < result["min_agreement"]:
         return (
@@ -160,12 +179,7 @@ def build_bundle(
         fused = optimise(
             work / "raw.onnx", work / "fp32.onnx", config.num_attention_heads, config.hidden_size
         )
-        feeds = sample_feeds(tokenizer, SAMPLE_TEXTS, inputs, max_len)
-        check = compare(
-            torch_outputs(TaskGraph(model, tasks), feeds, inputs, outputs),
-            onnx_outputs(work / "fp32.onnx", feeds),
-            feeds,
-        )
+        check = torch_parity(model, tasks, tokenizer, work / "fp32.onnx", inputs, outputs, max_len)
         if check["max_abs_diff"] > TOLERANCE["fp32"]:
             raise ValueError(f"ONNX Runtime differs from torch by {check['max_abs_diff']:.2e}")
         accuracy = None
@@ -204,7 +218,7 @@ def build_bundle(
             name=out.name,
             tasks=tasks,
             labels=[config.id2label[i] for i in range(config.num_labels)]
-            if {"classify", "ner"} & set(tasks)
+            if set(LABELLED_TASKS) & set(tasks)
             else None,
             max_seq_len=max_len,
             tokenizer={
@@ -290,11 +304,14 @@ def verify(directory: Path) -> dict[str, Any]:
         return report
     model = load_model(source, spec.source.architecture).eval()
     tokenizer = BertTokenizer.from_file(directory / spec.tokenizer.file)
-    feeds = sample_feeds(tokenizer, SAMPLE_TEXTS, spec.inputs, spec.max_seq_len)
-    result = compare(
-        torch_outputs(TaskGraph(model, spec.tasks), feeds, spec.inputs, spec.outputs),
-        onnx_outputs(directory / spec.model_file, feeds),
-        feeds,
+    result = torch_parity(
+        model,
+        spec.tasks,
+        tokenizer,
+        directory / spec.model_file,
+        spec.inputs,
+        spec.outputs,
+        spec.max_seq_len,
     )
     if (
         result["max_abs_diff"] > TOLERANCE[spec.precision]
