@@ -28,8 +28,9 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
         }
-        if message.startswith("{"):
-            return json.dumps(base | json.loads(message))
+        fields = getattr(record, "fields", None)  # structured lines: log.info(..., extra=)
+        if fields is not None:
+            return json.dumps(base | fields)
         return json.dumps(
             base
             | {"message": message}

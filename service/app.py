@@ -3,7 +3,6 @@ middleware (body limit, request id, metrics, JSON access log) and the one error 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -123,26 +122,23 @@ class RequestContext:
             metrics.in_flight.dec()
             elapsed = time.perf_counter() - started
             endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
-            metrics.requests.labels(endpoint, str(status)).inc()
-            if scope["method"] == "POST":
-                metrics.latency.labels(endpoint).observe(elapsed)
+            metrics.request_done(endpoint, status, elapsed if scope["method"] == "POST" else None)
             extra = scope["state"]
-            log.info(
-                json.dumps(
-                    {
-                        "request_id": request_id,
-                        "method": scope["method"],
-                        "endpoint": endpoint,
-                        "status": status,
-                        "ms": round(1000 * elapsed, 3),
-                        **{
-                            k: round(v, 3) if isinstance(v, float) else v
-                            for k, v in extra.items()
-                            if k in ("rows", "tokens", "queue_ms", "inference_ms", "model")
-                        },
-                    }
-                )
-            )
+            fields = {
+                "request_id": request_id,
+                "method": scope["method"],
+                "endpoint": endpoint,
+                "status": status,
+                "ms": round(1000 * elapsed, 3),
+                **{
+                    k: round(v, 3) if isinstance(v, float) else v
+                    for k, v in extra.items()
+                    if k in ("rows", "tokens", "queue_ms", "inference_ms", "model")
+                },
+            }
+            # The dict travels on the record: the JSON formatter encodes it once; any other
+            # handler still gets a readable message.
+            log.info("%s %s %d", scope["method"], endpoint, status, extra={"fields": fields})
 
 
 def create_app(settings: Settings) -> FastAPI:

@@ -2,12 +2,14 @@
 token budget, and one worker thread that runs the model off the event loop.
 
 A request enqueues its sequences (`Row`s: a client batch, or a long text's windows) and awaits
-them. The batching loop waits until a batch is full (row cap or token budget) or the oldest row
-has waited `max_wait_ms`, drops rows whose request was cancelled (client gone) or whose deadline
-passed, and picks the oldest row plus the rows closest to it in length, so padding stays small.
-The model runs on a single worker thread; ONNX Runtime's own threads use the cores. A failed call
-fails the rows of that batch only; if the loop itself dies it is restarted and readiness is false
-until it is.
+them. When the model is free, the batching loop takes what is queued: batches form while the
+model is busy, so a lone request never waits for company and a loaded server runs full batches.
+With `max_wait_ms` > 0 it also waits, up to that long after the oldest row arrived, for a batch
+to fill (row cap or token budget). It drops rows whose request was cancelled (client gone) or
+whose deadline passed, and picks the oldest row plus the rows closest to it in length, so
+padding stays small. The model runs on a single worker thread; ONNX Runtime's own threads use the
+cores. A failed call fails the rows of that batch only; if the loop itself dies it is restarted
+and readiness is false until it is.
 """
 
 from __future__ import annotations
@@ -84,9 +86,13 @@ class Batcher:
         self._stopping = False
         self.restarts = 0
         self.calls = 0  # model calls made: tests and the dead-worker check read it
-        for reason in ("cancelled", "expired"):
-            metrics.dropped.labels(name, reason)
-        metrics.queue_depth.labels(name).set(0)
+        # Labelled children bound once: `labels()` costs a lock and a lookup on every call.
+        self._dropped = {r: metrics.dropped.labels(name, r) for r in ("cancelled", "expired")}
+        self._depth = metrics.queue_depth.labels(name)
+        self._rows = metrics.batch_rows.labels(name)
+        self._tokens = metrics.batch_tokens.labels(name)
+        self._padding = metrics.padding.labels(name)
+        self._depth.set(0)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -135,7 +141,7 @@ class Batcher:
         deadline = time.monotonic() + self.settings.request_timeout_s
         items = [_Item(row, loop.create_future(), deadline) for row in rows]
         self._items.extend(items)
-        self.metrics.queue_depth.labels(self.name).set(len(self._items))
+        self._depth.set(len(self._items))
         self._wake.set()
         futures = [item.future for item in items]
         try:
@@ -213,17 +219,17 @@ class Batcher:
         live = []
         for item in self._items:
             if item.future.done():
-                self.metrics.dropped.labels(self.name, "cancelled").inc()
+                self._dropped["cancelled"].inc()
             elif now > item.deadline:
                 item.future.set_exception(
                     DeadlineExceeded(f"model {self.name}: deadline passed in the queue")
                 )
-                self.metrics.dropped.labels(self.name, "expired").inc()
+                self._dropped["expired"].inc()
             else:
                 live.append(item)
         if not live:
             self._items = []
-            self.metrics.queue_depth.labels(self.name).set(0)
+            self._depth.set(0)
             return []
         anchor = len(live[0].row)  # the oldest row goes first: no starvation
         by_closeness = sorted(live[1:], key=lambda item: abs(len(item.row) - anchor))
@@ -239,15 +245,15 @@ class Batcher:
             longest = new_longest
         chosen = {id(item) for item in batch}
         self._items = [item for item in live if id(item) not in chosen]
-        self.metrics.queue_depth.labels(self.name).set(len(self._items) + len(batch))
+        self._depth.set(len(self._items) + len(batch))
         return batch
 
     def _pad(self, batch: list[_Item]) -> tuple[dict[str, np.ndarray], list[int]]:
         feeds, lengths = pad_rows([item.row for item in batch], self.pad_id, self.uses_positions)
         tokens = feeds["input_ids"].size
-        self.metrics.batch_rows.labels(self.name).observe(len(batch))
-        self.metrics.batch_tokens.labels(self.name).observe(tokens)
-        self.metrics.padding.labels(self.name).observe(1 - sum(lengths) / tokens)
+        self._rows.observe(len(batch))
+        self._tokens.observe(tokens)
+        self._padding.observe(1 - sum(lengths) / tokens)
         return feeds, lengths
 
     def _slice(

@@ -32,6 +32,9 @@ class Engine:
         options = ort.SessionOptions()
         options.intra_op_num_threads = settings.threads
         options.inter_op_num_threads = 1
+        options.add_session_config_entry(
+            "session.intra_op.allow_spinning", "1" if settings.intra_op_spinning else "0"
+        )
         options.log_severity_level = 3
         path = directory / spec.model_file
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 LATENCY_BUCKETS = (
@@ -96,3 +98,28 @@ class Metrics:
         self.ready = Gauge("bertserve_ready", "1 when every model is loaded and warm", registry=r)
         for error_type in ERROR_TYPES:  # export zeros, not absent series, before the first error
             self.errors.labels(error_type)
+        # Children of the per-request series, bound on first use: `labels()` takes a lock and
+        # builds a key on every call, and these are touched several times per request.
+        self._stages: dict[str, dict[str, Any]] = {}
+        self._requests: dict[tuple[str, int], Any] = {}
+        self._latency: dict[str, Any] = {}
+
+    def stages(self, endpoint: str) -> dict[str, Any]:
+        """The stage-latency histograms of `endpoint`, by stage."""
+        found = self._stages.get(endpoint)
+        if found is None:
+            found = self._stages[endpoint] = {s: self.stage.labels(endpoint, s) for s in STAGES}
+        return found
+
+    def request_done(self, endpoint: str, status: int, elapsed: float | None) -> None:
+        """Count a finished request; `elapsed` (seconds) feeds the latency histogram if given."""
+        key = (endpoint, status)
+        counter = self._requests.get(key)
+        if counter is None:
+            counter = self._requests[key] = self.requests.labels(endpoint, str(status))
+        counter.inc()
+        if elapsed is not None:
+            hist = self._latency.get(endpoint)
+            if hist is None:
+                hist = self._latency[endpoint] = self.latency.labels(endpoint)
+            hist.observe(elapsed)

@@ -45,7 +45,7 @@ def state_of(request: Request) -> ServiceState:
     return request.app.state.service
 
 
-def require_key(request: Request) -> None:
+async def require_key(request: Request) -> None:  # async: a sync dependency costs a thread hop
     key = state_of(request).settings.api_key
     if key is None:
         return
@@ -101,7 +101,7 @@ async def run_task(
     prepare: Callable[[], Sequence[Row]],
     finish: Callable[[list[RowResult]], Any],
 ) -> JSONResponse:
-    stage = state_of(request).metrics.stage
+    stage = state_of(request).metrics.stages(endpoint)
     t0 = time.perf_counter()
     rows = list(prepare())
     t1 = time.perf_counter()
@@ -109,11 +109,11 @@ async def run_task(
     t2 = time.perf_counter()
     body = finish(results)
     t3 = time.perf_counter()
-    stage.labels(endpoint, "tokenize").observe(t1 - t0)
+    stage["tokenize"].observe(t1 - t0)
     for r in results[:1]:
-        stage.labels(endpoint, "queue").observe(r.queue_s)
-        stage.labels(endpoint, "inference").observe(r.inference_s)
-    stage.labels(endpoint, "postprocess").observe(t3 - t2)
+        stage["queue"].observe(r.queue_s)
+        stage["inference"].observe(r.inference_s)
+    stage["postprocess"].observe(t3 - t2)
     return JSONResponse(body)
 
 
