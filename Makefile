@@ -7,12 +7,14 @@ EXTRAS ?= cpu,train,dev
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: help install test lint format serve clean pretrained finetuned models
+.PHONY: help install test lint format serve clean pretrained finetuned models bench reliability
 
 help:
 	@echo "make test    lint and run the test suite (creates $(VENV) on first use)"
 	@echo "make serve   serve the shipped bundles in bundles/ on port 8000"
 	@echo "make lint    ruff check + format check"
+	@echo "make bench   bertserve vs the raw ceiling and the peers -> docs/benchmarks.md (~10 min)"
+	@echo "make reliability  overload, faults, hostile input -> docs/reliability.md (~4 min)"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,7 +50,23 @@ serve: $(SERVE_STAMP)
 	$(PY) -m service --bundles bundles --host $${BERTSERVE_HOST:-0.0.0.0} --port $${BERTSERVE_PORT:-8000}
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) .pytest_cache .ruff_cache
+
+# --- benchmarks (bench/): the peers' dependencies live in a virtualenv of their own ------------
+BENCH_VENV ?= .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+$(BENCH_STAMP): pyproject.toml
+	@command -v wrk >/dev/null || { echo "wrk is missing: apt-get install wrk"; exit 1; }
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/pip install --quiet -e ".[cpu,train,dev,bench]"
+	touch $@
+
+bench: $(BENCH_STAMP)  ## docs/benchmarks.md + docs/img/bench-*.png
+	$(BENCH_VENV)/bin/python -m bench.run --data $(DATA)
+
+reliability: $(BENCH_STAMP)  ## docs/reliability.md
+	$(BENCH_VENV)/bin/python -m bench.reliability --data $(DATA)
 
 # --- reproducing the shipped weights (the data sets live outside the repo) ---------------------
 DATA ?= ../shared/data

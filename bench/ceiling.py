@@ -1,0 +1,97 @@
+"""The raw ceiling: a bundle's ONNX model run in this process on the same token sequences the
+load generator sends, with the best batching we can give it and no HTTP, no queue, no JSON.
+
+    python -m bench.ceiling --bundle bundles/sst2-classify --bodies runs/bench/inputs/classify.jsonl
+
+Sequences are tokenised once up front (tokenising is the server's job, not the model's), sorted
+by length and cut into batches of each candidate size; the best size's sequences/s is the
+ceiling. Also reports a single raw inference (batch 1, median over the inputs): the floor under
+any server's latency at concurrency 1. The session is built by the service's own Engine, so
+threads and providers are the server's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from service.batching import pad_rows
+from service.bundle import load_bundle_spec
+from service.engine import Engine
+from service.settings import Settings
+from service.tasks import classify
+from service.tasks.common import TaskContext
+
+
+def load(bundle: Path, threads: int = 0) -> tuple[Engine, TaskContext]:
+    spec = load_bundle_spec(bundle)
+    settings = Settings(bundles=bundle.parent, intra_op_threads=threads)
+    return Engine(bundle, spec, settings), TaskContext.load(bundle, spec, 100_000)
+
+
+def classify_rows(ctx: TaskContext, bodies: Path) -> list:
+    texts = [json.loads(line)["inputs"] for line in bodies.read_text().splitlines() if line]
+    return classify.preprocess(ctx, texts, truncate=True)
+
+
+def ceiling(
+    engine: Engine,
+    rows: list,
+    pad_id: int,
+    batch_sizes: tuple[int, ...] = (8, 16, 32, 64),
+    seconds: float = 3.0,
+) -> dict:
+    """Sequences/s at each batch size over length-sorted rows; the best is the ceiling."""
+    ordered = sorted(rows, key=len)
+    lengths = [len(r) for r in rows]
+    per_size = {}
+    for size in batch_sizes:
+        batches = [
+            pad_rows(ordered[i : i + size], pad_id, False)[0] for i in range(0, len(ordered), size)
+        ]
+        engine.run(batches[0])  # warm this shape
+        done, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            for feeds in batches:
+                engine.run(feeds)
+                done += len(feeds["input_ids"])
+        per_size[size] = done / (time.perf_counter() - started)
+    best = max(per_size, key=lambda s: per_size[s])
+    return {
+        "sequences_per_s": per_size[best],
+        "best_batch": best,
+        "per_batch_size": per_size,
+        "mean_tokens": statistics.fmean(lengths),
+    }
+
+
+def single_latency_ms(engine: Engine, rows: list, pad_id: int, count: int = 300) -> float:
+    """Median time of one batch-1 model call, over the first `count` inputs."""
+    times = []
+    for r in (rows * (1 + count // len(rows)))[:count]:
+        feeds, _ = pad_rows([r], pad_id, False)
+        started = time.perf_counter()
+        engine.run(feeds)
+        times.append(time.perf_counter() - started)
+    return 1000 * statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bundle", type=Path, default=Path("bundles/sst2-classify"))
+    parser.add_argument("--bodies", type=Path, default=Path("runs/bench/inputs/classify.jsonl"))
+    parser.add_argument("--seconds", type=float, default=3.0)
+    args = parser.parse_args()
+    engine, ctx = load(args.bundle)
+    rows = classify_rows(ctx, args.bodies)
+    pad = ctx.spec.tokenizer.pad_id
+    result = ceiling(engine, rows, pad, seconds=args.seconds)
+    result["single_ms"] = single_latency_ms(engine, rows, pad)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

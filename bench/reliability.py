@@ -1,0 +1,373 @@
+"""The reliability suite: the service's promises under overload, faults and hostile input, each
+with the figure it produced. Writes runs/bench/reliability.json and docs/reliability.md.
+
+    python -m bench.reliability [--overload-seconds 60]
+
+Overload, SIGTERM and the hostile bodies run against a real `python -m service` process; the
+injected faults (failing, stalled backend; clients that hang up) run against a real uvicorn
+server in this process, so the engine can be wrapped. Load comes from wrk and
+bench/loadgen/openloop.py, as in bench/run.py. Server memory is read from /proc (VmRSS and the
+peak VmHWM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from bench.inputs import write_bodies
+from bench.loadgen import closed_loop, open_loop
+from bench.servers import OURS, serve
+
+ROOT = Path(__file__).resolve().parent.parent
+PORT = 8198
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def memory_mib(pid: int) -> dict[str, float]:
+    """Resident and peak-resident memory of process `pid` and its threads, in MiB."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+class MemorySampler:
+    """RSS of a process every `every` seconds on a thread, for the peak and the curve."""
+
+    def __init__(self, pid: int, every: float = 0.5) -> None:
+        self.pid, self.every, self.samples = pid, every, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(memory_mib(self.pid)["VmRSS"])
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def post(url: str, body: bytes, timeout: float = 30) -> tuple[int, dict, float]:
+    """(status, JSON answer, seconds) of one POST."""
+    started = time.perf_counter()
+    request = urllib.request.Request(
+        url, data=body, headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as err:
+        status, raw = err.code, err.read()
+    except OSError as err:  # answered and closed before the client finished sending
+        elapsed = time.perf_counter() - started
+        return 0, {"error": f"connection closed early ({type(err).__name__})"}, elapsed
+    return status, json.loads(raw or b"{}"), time.perf_counter() - started
+
+
+# --- against a real server process ----------------------------------------------------------
+
+
+def overload(server, bodies: Path, seconds: float) -> dict:
+    """5x the measured saturation, open loop, for `seconds`; then the recovery, second by second."""
+    url = server.url("classify")
+    closed_loop(url, bodies, 8, 2)
+    saturation = closed_loop(url, bodies, 32, 5).throughput
+    rate = 5 * saturation
+    log(f"  saturation {saturation:.0f} req/s; offering {rate:.0f} req/s for {seconds:.0f} s")
+    before = memory_mib(server.proc.pid)
+    with MemorySampler(server.proc.pid) as mem:
+        flood = open_loop(url, bodies, rate, seconds, max_connections=2048, timeout_s=30)
+    after = memory_mib(server.proc.pid)
+    recovery = [closed_loop(url, bodies, 32, 1).throughput for _ in range(5)]
+    log(
+        f"  statuses {flood.statuses}, socket errors {flood.errors}, RSS {before['VmRSS']:.0f} -> "
+        f"max {max(mem.samples):.0f} MiB; recovery {[round(x) for x in recovery]} req/s"
+    )
+    return {
+        "saturation": saturation,
+        "offered": rate,
+        "sent": flood.extra["sent"],
+        "unsent": flood.extra["unsent"],
+        "seconds": seconds,
+        "statuses": flood.statuses,
+        "socket_errors": flood.errors,
+        "answered_200_per_s": flood.throughput,
+        "p99_ms": flood.p99_ms,
+        "client_cpu_pct": flood.client_cpu_pct,
+        "rss_before_mib": before["VmRSS"],
+        "rss_max_mib": max(mem.samples),
+        "rss_after_mib": after["VmRSS"],
+        "recovery_per_s": recovery,
+    }
+
+
+def hostile_bodies(server) -> dict:
+    """A 10 MB body (declared, and streamed without a length) and a 100,000-token text."""
+    url = server.url("classify")
+    pid = server.proc.pid
+    out = {}
+    before = memory_mib(pid)
+    big = b'{"inputs": "' + b"word " * (10 * 2**20 // 5) + b'"}'
+    status, answer, seconds = post(url, big)
+    out["body_10mb"] = {"status": status, "error": answer.get("error"), "seconds": seconds}
+
+    def chunks():
+        for _ in range(10 * 2**20 // 65536):
+            yield b"x" * 65536
+
+    # No Content-Length: the limit has to be enforced while the body streams in.
+    request = urllib.request.Request(
+        url, data=chunks(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    started = time.perf_counter()
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            status = r.status
+    except urllib.error.HTTPError as err:
+        status = err.code
+    except OSError as err:  # the server may answer and close before the client finishes sending
+        status = f"connection closed by the server ({type(err).__name__})"
+    out["body_10mb_chunked"] = {"status": status, "seconds": time.perf_counter() - started}
+    text = " ".join(random.Random(0).choice(["alpha", "beta", "gamma"]) for _ in range(100_000))
+    for endpoint in ("classify", "ner"):
+        status, answer, seconds = post(server.url(endpoint), json.dumps({"inputs": text}).encode())
+        out[f"text_100k_tokens_{endpoint}"] = {
+            "status": status,
+            "error": answer.get("error"),
+            "seconds": seconds,
+            "chars": len(text),
+        }
+    after = memory_mib(pid)
+    out["rss_before_mib"], out["rss_after_mib"] = before["VmRSS"], after["VmRSS"]
+    out["peak_before_mib"], out["peak_after_mib"] = before["VmHWM"], after["VmHWM"]
+    log(f"  {json.dumps(out)}")
+    return out
+
+
+def sigterm_under_load(bundles: Path, bundle: Path, bodies: Path, ready: bytes, logs: Path) -> dict:
+    """SIGTERM while 32 connections keep requests coming: every request the server answered
+    reached its client, and every request it admitted was answered."""
+    log_file = logs / "sigterm.log"
+    with serve(OURS, bundles, bundle, PORT + 1, ready, log_file) as server:
+        url = server.url("classify")
+        result: dict = {}
+
+        def load() -> None:
+            result["load"] = closed_loop(url, bodies, 32, 8)
+
+        thread = threading.Thread(target=load)
+        thread.start()
+        time.sleep(3)
+        server.proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        server.proc.wait(timeout=60)
+        exit_s = time.monotonic() - signalled
+        thread.join()
+        exit_code = server.proc.returncode
+    load = result["load"]
+    logged: dict[str, int] = {}
+    for line in log_file.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("endpoint") == "/classify" and "status" in record:
+            key = str(record["status"])
+            logged[key] = logged.get(key, 0) + 1
+    out = {
+        "client_statuses": load.statuses,
+        "client_socket_errors": load.errors,
+        "server_logged_statuses": logged,
+        "exit_code": exit_code,
+        "exit_s": exit_s,
+        "answered_equal": load.statuses.get("200", 0) == logged.get("200", 0),
+    }
+    log(f"  {json.dumps(out)}")
+    return out
+
+
+# --- injected faults, in this process ---------------------------------------------------------
+
+
+class Faulty:
+    """The real engine behind a fault: fail a share of calls, or stall every call for a while."""
+
+    def __init__(self, engine, fail_rate: float = 0.0, stall_s: float = 0.0, seed: int = 0):
+        self.engine, self.fail_rate, self.stall_s = engine, fail_rate, stall_s
+        self.rng = random.Random(seed)
+        self.calls = self.failed_calls = self.failed_rows = self.rows = 0
+        self.lock = threading.Lock()
+
+    def run(self, feeds):
+        rows = len(feeds["input_ids"])
+        with self.lock:
+            self.calls += 1
+            self.rows += rows
+            fail = self.rng.random() < self.fail_rate
+            if fail:
+                self.failed_calls += 1
+                self.failed_rows += rows
+        if self.stall_s:
+            time.sleep(self.stall_s)
+        if fail:
+            raise RuntimeError("injected backend failure")
+        return self.engine.run(feeds)
+
+
+def injected_faults(bundles: Path, bodies: Path) -> dict:
+    from tests.helpers.server import live_server
+
+    out = {}
+    model = "sst2-classify"
+    with live_server(bundles=bundles) as live:
+        batcher = live.state.models[model].batcher
+        engine = batcher.backend
+        url = f"{live.url}/classify"
+
+        log("  backend failing 5% of calls, 10 s at 16 connections")
+        faulty = batcher.backend = Faulty(engine, fail_rate=0.05)
+        run = closed_loop(url, bodies, 16, 10)
+        batcher.backend = engine
+        out["failing_backend"] = {
+            "fail_rate": 0.05,
+            "calls": faulty.calls,
+            "failed_calls": faulty.failed_calls,
+            "failed_rows": faulty.failed_rows,
+            "statuses": run.statuses,
+            "socket_errors": run.errors,
+            # wrk stops with up to 16 requests in flight: their rows may be counted on one side
+            "only_failed_batches_failed": abs(run.statuses.get("500", 0) - faulty.failed_rows)
+            <= 16,
+        }
+        log(f"    {out['failing_backend']}")
+
+        log("  100 clients hang up while their requests wait behind a slow batch")
+        slow = batcher.backend = Faulty(engine, stall_s=0.5)
+        dropped_before = _dropped(live.url, model)
+        body = bodies.read_text().splitlines()[0].encode()
+        head = (
+            f"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        port = live.server.config.port
+        keeper = socket.create_connection(("127.0.0.1", port))
+        keeper.sendall(head + body)  # occupies the model for 0.5 s
+        time.sleep(0.1)
+        calls_before, rows_before = slow.calls, slow.rows
+        for _ in range(100):
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(head + body)
+        keeper.recv(65536)
+        keeper.close()
+        time.sleep(1.5)
+        out["client_disconnects"] = {
+            "hung_up": 100,
+            "rows_computed_after": slow.rows - rows_before,
+            "model_calls_after": slow.calls - calls_before,
+            "dropped_cancelled": _dropped(live.url, model) - dropped_before,
+        }
+        batcher.backend = engine
+        log(f"    {out['client_disconnects']}")
+
+    log("  backend stalled 3 s a call, deadline 1 s, queue limit 64, 128 connections")
+    with live_server(bundles=bundles, request_timeout_s=1.0, max_queue_rows=64) as live:
+        batcher = live.state.models[model].batcher
+        engine = batcher.backend
+        url = f"{live.url}/classify"
+        batcher.backend = Faulty(engine, stall_s=3.0)
+        depths: list[int] = []
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                depths.append(batcher.depth)
+                stop.wait(0.05)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        stalled = closed_loop(url, bodies, 128, 8, timeout_s=10)
+        stop.set()
+        watcher.join()
+        batcher.backend = engine
+        time.sleep(3.5)  # the last stalled call finishes
+        after = closed_loop(url, bodies, 8, 3)
+        out["stalled_backend"] = {
+            "statuses": stalled.statuses,
+            "socket_errors": stalled.errors,
+            "max_queue_rows": 64,
+            "max_depth_seen": max(depths),
+            "after_statuses": after.statuses,
+            "after_per_s": after.throughput,
+        }
+        log(f"    {out['stalled_backend']}")
+    return out
+
+
+def _dropped(base: str, model: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{base}/metrics") as r:
+        text = r.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (
+                sample.name == "bertserve_dropped_rows_total"
+                and sample.labels.get("model") == model
+                and sample.labels.get("reason") == "cancelled"
+            ):
+                return sample.value
+    return 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--bundles", type=Path, default=ROOT / "bundles")
+    parser.add_argument("--overload-seconds", type=float, default=60)
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench")
+    parser.add_argument("--report", type=Path, default=ROOT / "docs" / "reliability.md")
+    args = parser.parse_args()
+    started = time.time()
+    bodies = write_bodies("classify", args.data, args.work / "inputs")
+    ready = bodies.read_text().splitlines()[0].encode()
+    bundle = args.bundles / "sst2-classify"
+    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+    log("overload and hostile bodies (real server process)")
+    with serve(OURS, args.bundles, bundle, PORT, ready, args.work / "overload.log") as server:
+        results["overload"] = overload(server, bodies, args.overload_seconds)
+        results["hostile"] = hostile_bodies(server)
+    log("SIGTERM under load (real server process)")
+    results["sigterm"] = sigterm_under_load(args.bundles, bundle, bodies, ready, args.work)
+    log("injected faults (in-process server, wrapped engine)")
+    results.update(injected_faults(args.bundles, bodies))
+    results["wall_s"] = time.time() - started
+    (args.work / "reliability.json").write_text(json.dumps(results, indent=2))
+    from bench.reliability_report import write_report
+
+    write_report(results, args.report)
+    log(f"wrote {args.report} in {results['wall_s'] / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""`make bench`: bertserve against the raw ceiling and the peers: one machine, same inputs, one run.
+
+    python -m bench.run [--seconds 8] [--levels 1,8,32,64] [--peers transformers,fastapi-ort,...]
+
+1. Request bodies from the shared data sets (bench/inputs.py).
+2. The raw ceiling: the SST-2 bundle's ONNX model in this process on the same token sequences,
+   best batch size, no HTTP (bench/ceiling.py), and one batch-1 call for the latency floor.
+3. bertserve serving every bundle in bundles/: /classify closed loop at each concurrency level,
+   open loop (Poisson) at 50% and 90% of its measured saturation, the other four endpoints at
+   concurrency 1 and 32, and the padding ratio from its own /metrics.
+4. Each peer (bench/peers/) started, driven on /classify at the same levels, stopped.
+
+Load comes from wrk (closed loop) and bench/loadgen/openloop.py (open loop), both on loopback,
+both reporting their own CPU. Writes runs/bench/results.json, docs/benchmarks.md and PNG plots in
+docs/img/. Servers and client share the machine's cores: that is stated in the report, and it
+is the same for every server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import time
+from importlib import metadata
+from pathlib import Path
+
+from bench import ceiling as ceiling_mod
+from bench.inputs import ENDPOINTS, write_bodies
+from bench.loadgen import LoadResult, closed_loop, open_loop
+from bench.servers import OURS, PEERS, serve
+
+ROOT = Path(__file__).resolve().parent.parent
+PORT = 8199
+
+
+def machine() -> dict:
+    model = "unknown"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "memory_gib": round(memory, 1),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def versions() -> dict:
+    out = {}
+    for name in (
+        "onnxruntime",
+        "tokenizers",
+        "fastapi",
+        "uvicorn",
+        "torch",
+        "transformers",
+        "litserve",
+        "ray",
+    ):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    wrk = subprocess.run(["wrk", "--version"], capture_output=True, text=True)
+    out["wrk"] = (wrk.stdout or wrk.stderr).split()[1] if (wrk.stdout or wrk.stderr) else None
+    return out
+
+
+def metric_sums(base: str, name: str) -> tuple[float, float]:
+    """(sum, count) of a Prometheus histogram summed over its labels, from /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    total = count = 0.0
+    for line in text.splitlines():
+        if line.startswith(f"{name}_sum"):
+            total += float(line.rsplit(" ", 1)[1])
+        elif line.startswith(f"{name}_count"):
+            count += float(line.rsplit(" ", 1)[1])
+    return total, count
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def drive(url: str, bodies: Path, levels: list[int], seconds: float) -> list[LoadResult]:
+    closed_loop(url, bodies, 8, 2)  # warm connections, caches and every lazy path
+    results = []
+    for level in levels:
+        result = closed_loop(url, bodies, level, seconds)
+        log(
+            f"  c={level:<3} {result.throughput:8.1f} req/s  p50 {result.p50_ms:7.2f} ms  "
+            f"p99 {result.p99_ms:7.2f} ms  statuses {result.statuses}  "
+            f"client CPU {result.client_cpu_pct:.1f}%"
+        )
+        results.append(result)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--bundles", type=Path, default=ROOT / "bundles")
+    parser.add_argument("--classify-bundle", default="sst2-classify")
+    parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--levels", default="1,8,32,64")
+    parser.add_argument("--peers", default=",".join(PEERS))
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench")
+    parser.add_argument("--report", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    args = parser.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    started = time.time()
+
+    log("writing request bodies")
+    inputs = {e: write_bodies(e, args.data, args.work / "inputs") for e in ENDPOINTS}
+    bundle = args.bundles / args.classify_bundle
+    ready = inputs["classify"].read_text().splitlines()[0].encode()
+
+    log("raw ceiling (in process, no HTTP)")
+    engine, ctx = ceiling_mod.load(bundle)
+    rows = ceiling_mod.classify_rows(ctx, inputs["classify"])
+    pad = ctx.spec.tokenizer.pad_id
+    raw = ceiling_mod.ceiling(engine, rows, pad)
+    raw["single_ms"] = ceiling_mod.single_latency_ms(engine, rows, pad)
+    del engine
+    log(
+        f"  {raw['sequences_per_s']:.0f} sequences/s (batch {raw['best_batch']}); "
+        f"one batch-1 call {raw['single_ms']:.3f} ms"
+    )
+
+    results: dict = {
+        "machine": machine(),
+        "versions": versions(),
+        "command": "make bench  (python -m bench.run "
+        + " ".join(
+            f"--{k.replace('_', '-')} {v}"
+            for k, v in (("seconds", args.seconds), ("levels", args.levels))
+        )
+        + ")",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "ceiling": raw,
+        "classify": {},
+        "endpoints": {},
+        "open_loop": [],
+    }
+
+    for name in [OURS, *[p for p in args.peers.split(",") if p]]:
+        log(f"{name}: starting")
+        with serve(name, args.bundles, bundle, PORT, ready, args.work / f"{name}.log") as server:
+            log(f"{name}: ready in {server.startup_s:.1f} s")
+            url = server.url("classify")
+            if name == OURS:
+                padding0 = metric_sums(server.base, "bertserve_batch_padding_ratio")
+            runs = drive(url, inputs["classify"], levels, args.seconds)
+            results["classify"][name] = {
+                "startup_s": server.startup_s,
+                "runs": [r.to_dict() for r in runs],
+            }
+            if name != OURS:
+                continue
+            padding1 = metric_sums(server.base, "bertserve_batch_padding_ratio")
+            batches = padding1[1] - padding0[1]
+            results["padding_ratio"] = (padding1[0] - padding0[0]) / batches if batches else None
+            rows_sum = metric_sums(server.base, "bertserve_batch_rows")
+            results["mean_batch_rows"] = rows_sum[0] / rows_sum[1] if rows_sum[1] else None
+            saturation = max(r.throughput for r in runs)
+            for share in (0.5, 0.9):
+                rate = round(share * saturation)
+                log(f"  open loop at {rate} req/s ({share:.0%} of saturation)")
+                result = open_loop(url, inputs["classify"], rate, args.seconds)
+                log(
+                    f"    p50 {result.p50_ms:.2f} ms p99 {result.p99_ms:.2f} ms "
+                    f"statuses {result.statuses} client CPU {result.client_cpu_pct:.1f}%"
+                )
+                results["open_loop"].append(result.to_dict() | {"share": share})
+            for endpoint in ENDPOINTS:
+                if endpoint == "classify":
+                    continue
+                log(f"  /{endpoint}")
+                runs = drive(server.url(endpoint), inputs[endpoint], [1, 32], args.seconds)
+                results["endpoints"][endpoint] = [r.to_dict() for r in runs]
+
+    results["wall_s"] = time.time() - started
+    args.work.mkdir(parents=True, exist_ok=True)
+    (args.work / "results.json").write_text(json.dumps(results, indent=2))
+    from bench.report import write_report
+
+    write_report(results, args.report, args.report.parent / "img")
+    log(f"wrote {args.report} in {results['wall_s'] / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()

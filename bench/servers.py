@@ -1,0 +1,88 @@
+"""Start and stop the servers under test: ours and the peers, each in a process group of its own
+so that everything it spawned (uvicorn workers, LitServe's inference worker, Ray's daemons)
+goes when it stops."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.loadgen import wait_ready
+
+PEERS = {
+    "transformers": "bench.peers.hf_pipeline",
+    "fastapi-ort": "bench.peers.ort_plain",
+    "litserve": "bench.peers.litserve_peer",
+    "ray-serve": "bench.peers.ray_peer",
+}
+OURS = "bertserve"
+
+
+@dataclass
+class Server:
+    name: str
+    base: str  # http://127.0.0.1:PORT
+    proc: subprocess.Popen
+    startup_s: float
+
+    def url(self, endpoint: str) -> str:
+        return f"{self.base}/{endpoint}"
+
+
+def command(name: str, bundles: Path, bundle: Path, port: int) -> list[str]:
+    if name == OURS:
+        return [sys.executable, "-m", "service", "--bundles", str(bundles), "--port", str(port)]
+    return [sys.executable, "-m", PEERS[name], "--bundle", str(bundle), "--port", str(port)]
+
+
+@contextmanager
+def serve(
+    name: str,
+    bundles: Path,
+    bundle: Path,
+    port: int,
+    ready_body: bytes,
+    log: Path,
+    env: dict[str, str] | None = None,
+) -> Iterator[Server]:
+    """Run server `name` until the block ends; ready once POST /classify answers 200."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            command(name, bundles, bundle, port),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=os.environ | (env or {}),
+        )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_ready(f"{base}/classify", ready_body, timeout=300, proc=proc)
+        yield Server(name, base, proc, time.monotonic() - started)
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen, grace: float = 15) -> None:
+    """SIGTERM the group, then SIGKILL whatever is left of it."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        # The leader is gone; children (Ray's raylet, LitServe's workers) may not be.
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return

@@ -1,0 +1,100 @@
+"""The benchmark's own tools: the load generators count what the server answered, and the
+transformers peer serves exactly the bundle's model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from bench.loadgen import closed_loop, open_loop
+from tests.helpers.server import live_server
+
+pytestmark = pytest.mark.slow
+
+TEXTS = ["a gripping, funny film", "dull", "it is far too long and nothing happens", "ok"]
+
+
+@pytest.fixture(scope="module")
+def bodies(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bodies") / "classify.jsonl"
+    lines = [json.dumps({"inputs": t}) for t in TEXTS] + [json.dumps({"inputs": ""})]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(bundle_dir):
+    with live_server(bundles=bundle_dir) as live:
+        yield live
+
+
+def requests_served(live) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with live.client() as c:
+        text = c.get("/metrics").text
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "bertserve_requests_total" and s.labels["endpoint"] == "/classify"
+    )
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
+def test_closed_loop_counts_every_answer_by_status(server, bodies):
+    before = requests_served(server)
+    result = closed_loop(f"{server.url}/classify", bodies, connections=4, seconds=1.5)
+    # One body in five is empty: the service answers it 422, and wrk's Lua counts it as such.
+    assert set(result.statuses) == {"200", "422"}
+    assert result.statuses["422"] == pytest.approx(result.requests / 5, abs=5)
+    assert result.errors == 0
+    # wrk may stop with a few requests in flight: the server saw at least what wrk counted.
+    assert result.requests <= requests_served(server) - before <= result.requests + 4
+    assert 0 < result.p50_ms <= result.p95_ms <= result.p99_ms
+    assert result.throughput == pytest.approx(result.statuses["200"] / result.seconds)
+    assert 0 < result.client_cpu_s < result.seconds
+
+
+def test_open_loop_keeps_its_schedule_and_counts_every_answer(server, bodies):
+    before = requests_served(server)
+    result = open_loop(f"{server.url}/classify", bodies, rate=100, seconds=2)
+    sent = result.extra["sent"]
+    assert 140 <= sent <= 260  # Poisson(200): far outside this only if the schedule is broken
+    assert result.requests == sent and result.errors == 0 and result.extra["unsent"] == 0
+    assert result.statuses["422"] == pytest.approx(sent / 5, abs=8)
+    assert requests_served(server) - before == sent
+    assert 0 < result.p50_ms <= result.p99_ms < 1000
+
+
+def test_transformers_peer_serves_the_bundles_own_weights(checkpoints, tmp_path):
+    import torch
+    from transformers import BertForSequenceClassification
+
+    from bench.peers.common import OrtClassifier
+    from bench.peers.hf_pipeline import build_pipeline, check_same_model
+    from export.bundle import build_bundle
+
+    # Every weight distinct (a fresh model's LayerNorms are all ones, and ONNX Runtime shares
+    # identical initialisers under one name), as in a trained model.
+    source = checkpoints["BertForSequenceClassification"]
+    model = BertForSequenceClassification.from_pretrained(source)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "vocab.txt").write_bytes((source / "vocab.txt").read_bytes())
+    build_bundle(tmp_path / "ckpt", ["classify"], tmp_path / "bundle")
+    bundle = tmp_path / "bundle"
+    pipe = build_pipeline(bundle)
+    assert check_same_model(pipe, bundle, TEXTS) < 1e-4
+    ort = OrtClassifier(bundle)
+    for text in TEXTS:
+        expected = ort.answers(ort.logits([text]))[0]
+        got = pipe(text)
+        assert got[0]["label"] == expected[0]["label"]
+        assert np.isclose(got[0]["score"], expected[0]["score"], atol=1e-5)
