@@ -54,7 +54,7 @@ class FinetuneRecipe:
     dropout: float = 0.1
     eval_every: int = 200  # optimizer steps
     patience: int = 5  # evaluations without a better dev metric
-    train_fraction: float = 1.0  # subsample the training set (stated in the model card)
+    train_fraction: float = 1.0  # share of the training examples kept (stated in the model card)
     dev_limit: int = 0  # dev examples scored during training (0 = all)
     doc_stride: int = 128  # qa windows
     seed: int = 1234
@@ -94,12 +94,18 @@ def build_features(
     split: str,
     recipe: FinetuneRecipe,
     labels: list[str],
+    fraction: float = 1.0,
 ) -> tuple[Features, list[Any]]:
-    """Features and the raw examples they came from."""
+    """Features and the raw examples they came from; `fraction` keeps that share of the
+    examples (drawn with the recipe's seed) before any tokenising."""
     label2id = {label: i for i, label in enumerate(labels)}
+
+    def sample(examples: list[Any]) -> list[Any]:
+        return data.subsample(examples, fraction, recipe.seed)
+
     if task == "classify":
         reader = data.read_trec if (data_dir / "train.txt").is_file() else data.read_sst2
-        examples: list[Any] = reader(data_dir, split)
+        examples: list[Any] = sample(reader(data_dir, split))
         encodings = tok.encode_batch([e.text for e in examples], max_length=recipe.max_seq_len)
         return Features(
             [e.input_ids for e in encodings],
@@ -107,7 +113,7 @@ def build_features(
             {"labels": [label2id[e.label] for e in examples]},
         ), examples
     if task == "ner":
-        examples = data.read_conll(data_dir, split)
+        examples = sample(data.read_conll(data_dir, split))
         ids, targets = zip(
             *(
                 data.align_labels(tok, s.words, s.tags, label2id, recipe.max_seq_len)
@@ -116,7 +122,7 @@ def build_features(
             strict=True,
         )
         return Features(list(ids), [[0] * len(i) for i in ids], {"labels": list(targets)}), examples
-    examples = data.read_squad(data_dir, split, data.ambiguous_ids(data_dir, split))
+    examples = sample(data.read_squad(data_dir, split, data.ambiguous_ids(data_dir, split)))
     feats = [
         f for e in examples for f in data.qa_features(tok, e, recipe.max_seq_len, recipe.doc_stride)
     ]
@@ -233,8 +239,12 @@ def finetune(
         overrides["id2label"] = dict(enumerate(labels))
         overrides["label2id"] = None
     model = load_model(source, HEAD[task], weights=not random_init, **overrides)
-    train, _ = build_features(task, tok, data_dir, "train", recipe, labels or [])
-    keep = data.subsample(list(range(len(train))), recipe.train_fraction, recipe.seed)
+    # Subsample examples (questions, sentences), not windows, and before tokenising: 87k SQuAD
+    # questions take minutes to window.
+    train, _ = build_features(
+        task, tok, data_dir, "train", recipe, labels or [], recipe.train_fraction
+    )
+    keep = list(range(len(train)))
     dev, dev_examples = build_features(task, tok, data_dir, "dev", recipe, labels or [])
     if recipe.dev_limit:  # the first rows (and, for classify/ner, their examples: one a row)
         dev = dev.head(recipe.dev_limit)
