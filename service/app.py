@@ -43,13 +43,14 @@ def error_response(
     return JSONResponse({"error": message, "error_type": error_type}, status, headers=headers)
 
 
-class _BodyTooLarge(Exception):
-    pass
-
-
 class BodyLimit:
     """Refuse bodies over the limit before reading them (Content-Length) or as soon as the
-    streamed bytes pass it, so a 10 MB body never sits in memory."""
+    streamed bytes pass it (chunked), so a 10 MB body never sits in memory.
+
+    The body is read here, up to the limit, and handed on whole: raising from inside the app's
+    own `receive` would not do, because FastAPI turns any error while reading a body into a
+    422 "error parsing the body". Later `receive` calls (the route's disconnect watch) go to the
+    server as before."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app, self.limit = app, limit
@@ -62,28 +63,29 @@ class BodyLimit:
         message = f"request body is over the limit of {self.limit:,} bytes"
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await error_response(413, "too_large", message)(scope, receive, send)
-        received = 0
-        started = False
-
-        async def limited() -> Message:
-            nonlocal received
+        chunks: list[bytes] = []
+        size = 0
+        while True:
             msg = await receive()
-            if msg["type"] == "http.request":
-                received += len(msg.get("body", b""))
-                if received > self.limit:
-                    raise _BodyTooLarge
-            return msg
+            if msg["type"] != "http.request":  # the client left before the body was in
+                return None
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                return await error_response(413, "too_large", message)(scope, receive, send)
+            chunks.append(chunk)
+            if not msg.get("more_body", False):
+                break
+        whole: Message | None = {"type": "http.request", "body": b"".join(chunks)}
 
-        async def tracking_send(msg: Message) -> None:
-            nonlocal started
-            started = started or msg["type"] == "http.response.start"
-            await send(msg)
+        async def replay() -> Message:
+            nonlocal whole
+            if whole is not None:
+                msg, whole = whole, None
+                return msg
+            return await receive()
 
-        try:
-            await self.app(scope, limited, tracking_send)
-        except _BodyTooLarge:
-            if not started:
-                await error_response(413, "too_large", message)(scope, receive, send)
+        await self.app(scope, replay, send)
 
 
 class RequestContext:

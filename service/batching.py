@@ -144,10 +144,12 @@ class Batcher:
         self._depth.set(len(self._items))
         self._wake.set()
         futures = [item.future for item in items]
+        gathered = asyncio.gather(*futures)
+        # A request that goes away cancels its rows, which leaves `gathered` holding an error
+        # nobody awaits: mark it retrieved, or asyncio logs "exception was never retrieved".
+        gathered.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
-            return await asyncio.wait_for(
-                asyncio.gather(*futures), timeout=self.settings.request_timeout_s
-            )
+            return await asyncio.wait_for(gathered, timeout=self.settings.request_timeout_s)
         except TimeoutError:
             raise DeadlineExceeded(
                 f"model {self.name}: no result within {self.settings.request_timeout_s} s"
