@@ -105,6 +105,12 @@ async def run_task(
     t0 = time.perf_counter()
     rows = list(prepare())
     t1 = time.perf_counter()
+    limit = state_of(request).settings.max_request_rows
+    if len(rows) > limit:  # a 100,000-token text: refused before it is queued or computed
+        raise TooLarge(
+            f"the input needs {len(rows)} sequences of up to {model.ctx.max_len} tokens; one "
+            f"request may use {limit}. Send a shorter text or fewer inputs"
+        )
     results = await infer(request, model, rows)
     t2 = time.perf_counter()
     body = finish(results)

@@ -42,6 +42,11 @@ class Settings(BaseSettings):
     max_queue_rows: int = Field(512, ge=1, description="sequences admitted per model; past it 429")
     request_timeout_s: float = Field(30.0, gt=0, description="queue deadline; past it 504")
     max_client_batch: int = Field(32, ge=1, description="inputs in one request")
+    max_request_rows: int = Field(
+        64,
+        ge=1,
+        description="sequences one request may become (inputs x windows); past it 413",
+    )
     max_body_bytes: int = Field(1_000_000, ge=1024)
     max_text_chars: int = Field(100_000, ge=16, description="longest text accepted at all")
     drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: time to finish admitted work")
@@ -71,6 +76,8 @@ class Settings(BaseSettings):
     def _consistent(self) -> Settings:
         if self.max_batch_tokens < self.max_batch_rows:
             raise ValueError("max_batch_tokens must be at least max_batch_rows")
+        if self.max_request_rows > self.max_queue_rows:
+            raise ValueError("max_request_rows must not exceed max_queue_rows")
         return self
 
     @property

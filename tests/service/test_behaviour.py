@@ -263,6 +263,20 @@ def test_truncation_on_request(server):
     assert response.status_code == 200
 
 
+def test_text_needing_too_many_windows_is_refused_before_compute(bundle_dir):
+    text = "the king of france was born in paris . " * 40  # 4 windows of 128 with the stride
+    with live_server(bundles=bundle_dir, max_request_rows=2) as live:
+        backend = wrap(live, "entities")
+        with live.client() as c:
+            response = c.post("/ner", json={"inputs": text})
+            assert response.status_code == 413
+            assert response.json()["error_type"] == "too_large"
+            assert "needs 4 sequences" in response.json()["error"]
+            assert "may use 2" in response.json()["error"]
+            assert c.post("/ner", json={"inputs": "paris"}).status_code == 200
+        assert backend.rows_seen == [1]  # the long text never reached the model
+
+
 def test_long_ner_text_is_windowed_not_cut(server):
     text = "the king of france was born in paris . " * 40  # ~360 pieces, 3 windows of 126
     with server.client() as c:
