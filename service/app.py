@@ -24,12 +24,9 @@ from service.state import ServiceState
 
 log = logging.getLogger("service.access")
 PATTERN_MESSAGES = {r"\S": "is empty or blank", r"\[MASK\]": "has no [MASK] token"}
+TASK_PATHS = {f"/{task}": task for task in ("fill-mask", "classify", "ner", "qa", "nsp")}
 ENDPOINTS = {
-    "/fill-mask",
-    "/classify",
-    "/ner",
-    "/qa",
-    "/nsp",
+    *TASK_PATHS,
     "/health/live",
     "/health/ready",
     "/metrics",
@@ -115,10 +112,19 @@ class RequestContext:
             await send(msg)
 
         metrics = self.state.metrics
+        app = self.app
+        task = TASK_PATHS.get(scope["path"])
+        if task is not None and scope["method"] == "POST":
+            # Shed load before parsing and tokenising: under 5x overload, 429s that cost a full
+            # request each left the event loop too little time for the work it had admitted.
+            busy = self.state.saturated(task)
+            if busy is not None:
+                metrics.errors.labels("overloaded").inc()
+                app = error_response(429, "overloaded", busy, headers={"Retry-After": "1"})
         self.state.in_flight += 1
         metrics.in_flight.inc()
         try:
-            await self.app(scope, receive, send_with_id)
+            await app(scope, receive, send_with_id)
         finally:
             self.state.in_flight -= 1
             metrics.in_flight.dec()

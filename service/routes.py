@@ -105,7 +105,8 @@ async def run_task(
     t0 = time.perf_counter()
     rows = list(prepare())
     t1 = time.perf_counter()
-    limit = state_of(request).settings.max_request_rows
+    settings = state_of(request).settings
+    limit = min(settings.max_request_rows, settings.max_queue_rows)  # more could never be admitted
     if len(rows) > limit:  # a 100,000-token text: refused before it is queued or computed
         raise TooLarge(
             f"the input needs {len(rows)} sequences of up to {model.ctx.max_len} tokens; one "

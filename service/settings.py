@@ -76,8 +76,6 @@ class Settings(BaseSettings):
     def _consistent(self) -> Settings:
         if self.max_batch_tokens < self.max_batch_rows:
             raise ValueError("max_batch_tokens must be at least max_batch_rows")
-        if self.max_request_rows > self.max_queue_rows:
-            raise ValueError("max_request_rows must not exceed max_queue_rows")
         return self
 
     @property

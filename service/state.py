@@ -50,6 +50,15 @@ class ServiceState:
             and all(m.batcher.alive for m in self.models.values())
         )
 
+    def saturated(self, task: str) -> str | None:
+        """Why a request for `task` would be refused for load, when every model serving it has
+        a full queue: checked before the body is read, so a 429 costs next to nothing."""
+        limit = self.settings.max_queue_rows
+        serving = [m for m in self.models.values() if task in m.spec.tasks]
+        if not serving or any(m.batcher.depth < limit for m in serving):
+            return None
+        return f"every model for {task} has {limit} sequences queued (the limit); retry shortly"
+
     def model_for(self, task: str, name: str | None) -> Model:
         if self.draining:
             raise NotReady("the service is shutting down")

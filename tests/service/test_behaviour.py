@@ -116,6 +116,34 @@ def test_admission_limit_gives_429_with_retry_after(bundle_dir):
         assert "retry shortly" in refused.json()["error"]
 
 
+def test_full_queue_sheds_load_before_reading_the_body(bundle_dir):
+    with live_server(bundles=bundle_dir, max_queue_rows=2, max_batch_rows=1) as live:
+        gate = threading.Event()
+        wrap(live, "sentiment", gate=gate)
+
+        async def scenario():
+            async with httpx.AsyncClient(base_url=live.url, timeout=20) as c:
+                held = [
+                    asyncio.create_task(c.post("/classify", json={"inputs": f"text {i}"}))
+                    for i in range(3)  # one in the model, two queued: the queue is full
+                ]
+                await asyncio.sleep(0.5)
+                # Not even valid JSON: a 429, not a 422, shows the body was never parsed.
+                shed = await c.post(
+                    "/classify", content=b"{not json", headers={"content-type": "application/json"}
+                )
+                other = await c.post("/ner", json={"inputs": "paris"})  # another model: served
+                gate.set()
+                return shed, other, await asyncio.gather(*held)
+
+        shed, other, held = asyncio.run(scenario())
+        assert shed.status_code == 429 and shed.headers["retry-after"] == "1"
+        assert shed.json()["error_type"] == "overloaded"
+        assert "classify" in shed.json()["error"]
+        assert other.status_code == 200
+        assert [r.status_code for r in held] == [200, 200, 200]
+
+
 def test_cancelled_request_costs_no_inference(bundle_dir, caplog):
     with live_server(bundles=bundle_dir, max_batch_rows=1) as live:
         gate = threading.Event()
