@@ -87,11 +87,12 @@ pretrained: $(STAMP)  ## the pre-trained checkpoint and its fill-mask/nsp bundle
 		--data $(DATA)/wikipedia-en-2015/text --record
 	$(PY) -m export verify bundles/pretrained-wiki-tiny
 
-# One fine-tuned bundle: make finetuned TASK=classify SET=sst2 NAME=sst2-classify
+# One fine-tuned bundle: make finetuned TASK=classify SET=sst2 NAME=sst2-classify [MAXLEN=256]
 finetuned: $(STAMP)
 	$(PY) -m model.training finetune --task $(TASK) --init $(PRETRAINED) --data $(DATA)/$(SET) \
 		--out runs/ft-$(NAME)
-	$(PY) -m export --checkpoint runs/ft-$(NAME) --task $(TASK) --out bundles/$(NAME)
+	$(PY) -m export --checkpoint runs/ft-$(NAME) --task $(TASK) --out bundles/$(NAME) \
+		$(if $(MAXLEN),--max-seq-len $(MAXLEN))
 	$(PY) -m model.training evaluate --task $(TASK) --bundle bundles/$(NAME) --data $(DATA)/$(SET) \
 		--record
 	$(PY) -m export verify bundles/$(NAME)
@@ -99,4 +100,4 @@ finetuned: $(STAMP)
 models: pretrained  ## the whole chain, data to bundles
 	$(MAKE) finetuned TASK=classify SET=sst2 NAME=sst2-classify
 	$(MAKE) finetuned TASK=ner SET=conll2003 NAME=conll-ner
-	$(MAKE) finetuned TASK=qa SET=squad-v1.1 NAME=squad-qa
+	$(MAKE) finetuned TASK=qa SET=squad-v1.1 NAME=squad-qa MAXLEN=256  # fine-tuned at 256

@@ -121,6 +121,7 @@ def open_loop(
     max_connections: int = 1024,
     timeout_s: float = 30,
     seed: int = 0,
+    ids_out: Path | None = None,
 ) -> LoadResult:
     """Poisson arrivals at `rate` requests/s for `seconds`, whatever the server's pace. Latency is
     measured from each request's scheduled arrival, so a slow server cannot slow the clock."""
@@ -141,6 +142,7 @@ def open_loop(
         str(timeout_s),
         "--seed",
         str(seed),
+        *(["--ids-out", str(ids_out)] if ids_out else []),
     ]
     before = _children_cpu()
     out = _run(cmd, dict(os.environ), timeout=seconds + timeout_s + 60)
@@ -157,7 +159,12 @@ def open_loop(
         p95_ms=raw["p95_ms"],
         p99_ms=raw["p99_ms"],
         client_cpu_s=cpu,
-        extra={"sent": raw["sent"], "unsent": raw["unsent"], "offered": raw["offered"]},
+        extra={
+            "sent": raw["sent"],
+            "unsent": raw["unsent"],
+            "offered": raw["offered"],
+            "error_kinds": raw["error_kinds"],
+        },
     )
 
 

@@ -8,7 +8,8 @@ request costs the client a few tens of microseconds, and the run reports the CPU
 arrival takes an idle keep-alive connection or opens one, up to --max-connections; an arrival
 that finds none free is counted as `unsent` rather than delayed, so the schedule never bends
 to the server (no coordinated omission). Latency runs from the scheduled arrival to the last byte
-of the answer. Prints one JSON line.
+of the answer. Prints one JSON line. With --ids-out, every request carries its own X-Request-ID
+and the answered ones are written out, to be matched against the server's log.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from urllib.parse import urlsplit
 import numpy as np
 
 
-def _requests(url: str, bodies_path: str) -> list[bytes]:
+def _requests(url: str, bodies_path: str) -> list[tuple[bytes, bytes]]:
+    """(head without its blank line, body) of each request."""
     parts = urlsplit(url)
     out = []
     with open(bodies_path, "rb") as f:
@@ -33,9 +35,9 @@ def _requests(url: str, bodies_path: str) -> list[bytes]:
             if body:
                 head = (
                     f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                 )
-                out.append(head.encode() + body)
+                out.append((head.encode(), body))
     return out
 
 
@@ -71,22 +73,31 @@ async def run(args: argparse.Namespace) -> dict:
     latencies: list[float] = []
     errors = unsent = sent = 0
     tasks: set[asyncio.Task] = set()
+    answered: list[tuple[str, int]] = []  # (X-Request-ID, status), with --ids-out
+    error_kinds: dict[str, int] = {}
 
-    async def one(request: bytes, scheduled: float) -> None:
+    async def one(request: bytes, scheduled: float, request_id: str | None) -> None:
         nonlocal open_count, errors
         conn = idle.pop() if idle else None
+        if conn is not None and conn[0].at_eof():  # the server closed it while it sat idle
+            conn[1].close()
+            conn = None
         try:
             if conn is None:
                 conn = await asyncio.open_connection(host, port)
             status, keep = await asyncio.wait_for(_exchange(*conn, request), args.timeout)
-        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
             errors += 1
+            kind = type(exc).__name__
+            error_kinds[kind] = error_kinds.get(kind, 0) + 1
             if conn is not None:
                 conn[1].close()
             open_count -= 1
             return
         latencies.append(time.perf_counter() - scheduled)
         statuses[str(status)] = statuses.get(str(status), 0) + 1
+        if request_id is not None:
+            answered.append((request_id, status))
         if keep:
             idle.append(conn)
         else:
@@ -108,7 +119,11 @@ async def run(args: argparse.Namespace) -> dict:
             continue
         if not idle:
             open_count += 1
-        task = asyncio.create_task(one(requests[i % len(requests)], at))
+        head, body = requests[i % len(requests)]
+        request_id = f"openloop-{i}" if args.ids_out else None
+        if request_id is not None:
+            head += f"X-Request-ID: {request_id}\r\n".encode()
+        task = asyncio.create_task(one(head + b"\r\n" + body, at, request_id))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         i += 1
@@ -120,6 +135,9 @@ async def run(args: argparse.Namespace) -> dict:
     for _, writer in idle:
         writer.close()
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    if args.ids_out:
+        with open(args.ids_out, "w") as f:
+            f.writelines(f"{rid} {status}\n" for rid, status in answered)
     lat = np.array(latencies) * 1000 if latencies else np.zeros(1)
     return {
         "offered": args.rate,
@@ -128,6 +146,7 @@ async def run(args: argparse.Namespace) -> dict:
         "responses": len(latencies),
         "statuses": statuses,
         "errors": errors,
+        "error_kinds": error_kinds,
         "seconds": offered_until - start,
         "drain_seconds": elapsed - (offered_until - start),
         "p50_ms": float(np.percentile(lat, 50)),
@@ -146,6 +165,9 @@ def main() -> None:
     parser.add_argument("--max-connections", type=int, default=1024)
     parser.add_argument("--timeout", type=float, default=30)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--ids-out", help="tag each request with an X-Request-ID; write 'id status' per answer"
+    )
     args = parser.parse_args()
     try:  # uvloop (the bench extra) halves the client's CPU per request
         import uvloop
