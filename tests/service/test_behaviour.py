@@ -127,7 +127,11 @@ def test_full_queue_sheds_load_before_reading_the_body(bundle_dir):
                     asyncio.create_task(c.post("/classify", json={"inputs": f"text {i}"}))
                     for i in range(3)  # one in the model, two queued: the queue is full
                 ]
-                await asyncio.sleep(0.5)
+                batcher = live.state.models["sentiment"].batcher
+                for _ in range(200):  # wait for the queue to fill, however slow the machine
+                    if batcher.depth >= 2:
+                        break
+                    await asyncio.sleep(0.05)
                 # Not even valid JSON: a 429, not a 422, shows the body was never parsed.
                 shed = await c.post(
                     "/classify", content=b"{not json", headers={"content-type": "application/json"}
