@@ -8,7 +8,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -16,14 +15,14 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import ServiceError
+from service.errors import ServiceError, describe_validation, error_response
+from service.fastpath import FastPath
 from service.metrics import Metrics
 from service.routes import api, ops
 from service.settings import Settings
 from service.state import ServiceState
 
 log = logging.getLogger("service.access")
-PATTERN_MESSAGES = {r"\S": "is empty or blank", r"\[MASK\]": "has no [MASK] token"}
 TASK_PATHS = {f"/{task}": task for task in ("fill-mask", "classify", "ner", "qa", "nsp")}
 ENDPOINTS = {
     *TASK_PATHS,
@@ -32,12 +31,6 @@ ENDPOINTS = {
     "/metrics",
     "/models",
 }
-
-
-def error_response(
-    status: int, error_type: str, message: str, headers: dict[str, str] | None = None
-) -> JSONResponse:
-    return JSONResponse({"error": message, "error_type": error_type}, status, headers=headers)
 
 
 class BodyLimit:
@@ -194,35 +187,7 @@ def create_app(settings: Settings) -> FastAPI:
         state.metrics.errors.labels("internal").inc()
         return error_response(500, "internal", "internal error (logged with the request id)")
 
+    app.add_middleware(FastPath, state=state)  # innermost: after the body limit
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(RequestContext, state=state)  # outermost: sees every response
     return app
-
-
-def describe_validation(errors: Any) -> str:
-    """Pydantic's errors as one line a user can act on. Each union member (a string or a list)
-    reports its own failure; type mismatches of the members that were not meant are dropped
-    when a more specific error exists."""
-    parts: list[str] = []
-    errors = list(errors)
-    specific = [e for e in errors if not str(e.get("type", "")).endswith("_type")]
-    for error in (specific or errors)[:3]:
-        loc = [str(p) for p in error.get("loc", ()) if p != "body"]
-        where = ".".join(p for p in loc if not _union_tag(p)) or "body"
-        kind, ctx = error.get("type"), error.get("ctx") or {}
-        if kind == "json_invalid":
-            message = "the body is not valid JSON (UTF-8)"
-        elif kind == "string_pattern_mismatch" and ctx.get("pattern") in PATTERN_MESSAGES:
-            message = f"{where}: {PATTERN_MESSAGES[ctx['pattern']]}"
-        elif kind in ("string_too_short", "too_short") and ctx.get("min_length") == 1:
-            message = f"{where}: is empty"
-        else:
-            message = f"{where}: {error.get('msg')}"
-        if message not in parts:
-            parts.append(message)
-    return "; ".join(parts)
-
-
-def _union_tag(part: str) -> bool:
-    """Path segments pydantic adds for union members: "NspInput", "list[str]", "constrained-str"."""
-    return part[:1].isupper() or "[" in part or part == "str" or part.startswith("constrained-")

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+PATTERN_MESSAGES = {r"\S": "is empty or blank", r"\[MASK\]": "has no [MASK] token"}
+
 
 class ServiceError(Exception):
     status = 500
@@ -43,3 +49,38 @@ class DeadlineExceeded(ServiceError):
 
 class BackendError(ServiceError):
     status, error_type = 500, "backend"
+
+
+def error_response(
+    status: int, error_type: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": message, "error_type": error_type}, status, headers=headers)
+
+
+def describe_validation(errors: Any) -> str:
+    """Pydantic's errors as one line a user can act on. Each union member (a string or a list)
+    reports its own failure; type mismatches of the members that were not meant are dropped
+    when a more specific error exists."""
+    parts: list[str] = []
+    errors = list(errors)
+    specific = [e for e in errors if not str(e.get("type", "")).endswith("_type")]
+    for error in (specific or errors)[:3]:
+        loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+        where = ".".join(p for p in loc if not _union_tag(p)) or "body"
+        kind, ctx = error.get("type"), error.get("ctx") or {}
+        if kind == "json_invalid":
+            message = "the body is not valid JSON (UTF-8)"
+        elif kind == "string_pattern_mismatch" and ctx.get("pattern") in PATTERN_MESSAGES:
+            message = f"{where}: {PATTERN_MESSAGES[ctx['pattern']]}"
+        elif kind in ("string_too_short", "too_short") and ctx.get("min_length") == 1:
+            message = f"{where}: is empty"
+        else:
+            message = f"{where}: {error.get('msg')}"
+        if message not in parts:
+            parts.append(message)
+    return "; ".join(parts)
+
+
+def _union_tag(part: str) -> bool:
+    """Path segments pydantic adds for union members: "NspInput", "list[str]", "constrained-str"."""
+    return part[:1].isupper() or "[" in part or part == "str" or part.startswith("constrained-")

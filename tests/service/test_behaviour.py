@@ -119,19 +119,25 @@ def test_admission_limit_gives_429_with_retry_after(bundle_dir):
 def test_full_queue_sheds_load_before_reading_the_body(bundle_dir):
     with live_server(bundles=bundle_dir, max_queue_rows=2, max_batch_rows=1) as live:
         gate = threading.Event()
-        wrap(live, "sentiment", gate=gate)
+        backend = wrap(live, "sentiment", gate=gate)
+        batcher = live.state.models["sentiment"].batcher
+
+        async def until(condition) -> None:  # however slow the machine
+            for _ in range(400):
+                if condition():
+                    return
+                await asyncio.sleep(0.025)
+            raise AssertionError("condition never met")
 
         async def scenario():
             async with httpx.AsyncClient(base_url=live.url, timeout=20) as c:
-                held = [
-                    asyncio.create_task(c.post("/classify", json={"inputs": f"text {i}"}))
-                    for i in range(3)  # one in the model, two queued: the queue is full
+                held = [asyncio.create_task(c.post("/classify", json={"inputs": "in the model"}))]
+                await until(lambda: backend.calls == 1)  # held in the (gated) model
+                held += [
+                    asyncio.create_task(c.post("/classify", json={"inputs": f"queued {i}"}))
+                    for i in range(2)
                 ]
-                batcher = live.state.models["sentiment"].batcher
-                for _ in range(200):  # wait for the queue to fill, however slow the machine
-                    if batcher.depth >= 2:
-                        break
-                    await asyncio.sleep(0.05)
+                await until(lambda: batcher.depth >= 2)  # the queue is full
                 # Not even valid JSON: a 429, not a 422, shows the body was never parsed.
                 shed = await c.post(
                     "/classify", content=b"{not json", headers={"content-type": "application/json"}
@@ -404,3 +410,54 @@ def test_models_and_metrics_describe_the_service(server):
     for stage in ("queue", "tokenize", "inference", "postprocess"):
         assert f'stage="{stage}"' in text
     assert metric(server, "bertserve_requests_total", endpoint="/classify", status="200") >= 1
+
+
+FAST_PATH_CASES = [
+    ("/classify", {"inputs": "a fine film"}),
+    ("/classify", {"inputs": ["good", "bad"], "parameters": {"top_k": None}}),
+    ("/classify", {"inputs": []}),
+    ("/classify", {"inputs": "   "}),
+    ("/classify", {"inputs": 3}),
+    ("/classify", {"inputs": "x", "parameters": {"function_to_apply": "cube"}}),
+    ("/classify", {"inputs": ["t"] * 40}),
+    ("/classify", {"text": "wrong field"}),
+    ("/fill-mask", {"inputs": "no mask here"}),
+    ("/fill-mask", {"inputs": "paris is the [MASK] of france", "parameters": {"top_k": 2}}),
+    ("/ner", {"inputs": "the king of france", "parameters": {"aggregation_strategy": "bogus"}}),
+    ("/qa", {"inputs": {"question": "who ?"}}),
+    ("/qa", {"inputs": {"question": "who ?", "context": "the king of france ."}}),
+    ("/nsp", {"inputs": {"text": "a", "text_pair": ""}}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), FAST_PATH_CASES)
+def test_fast_path_answers_as_fastapi_does(server, path, body):
+    """The same request through the fast path (application/json) and through FastAPI (a +json
+    content type, which FastAPI parses as JSON and the fast path passes on)."""
+    import json as jsonlib
+
+    content = jsonlib.dumps(body).encode()
+    with server.client() as c:
+        fast = c.post(path, content=content, headers={"content-type": "application/json"})
+        slow = c.post(path, content=content, headers={"content-type": "application/x-t+json"})
+    assert fast.status_code == slow.status_code, (fast.text, slow.text)
+    assert fast.json() == slow.json()
+
+
+def test_fast_path_handles_invalid_json_and_model_choice_as_fastapi_does(server):
+    with server.client() as c:
+        for content, params in ((b'{"inputs": "x"', {}), (b'{"inputs": "x"}', {"model": "nope"})):
+            fast = c.post(
+                "/classify",
+                content=content,
+                params=params,
+                headers={"content-type": "application/json"},
+            )
+            slow = c.post(
+                "/classify",
+                content=content,
+                params=params,
+                headers={"content-type": "application/x-t+json"},
+            )
+            assert (fast.status_code, fast.json()) == (slow.status_code, slow.json())
+            assert fast.status_code in (404, 422)
