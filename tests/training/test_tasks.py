@@ -102,6 +102,24 @@ def test_span_decoding_invariants():
         assert np.all(np.diff(scores) <= 1e-12)  # best first
 
 
+def test_band_decoding_equals_the_pipelines_full_matrix():
+    from service.tasks.qa import _decode_full
+
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        n = int(rng.integers(1, 300))
+        allowed = rng.random(n) < rng.uniform(0.05, 0.9)
+        allowed[0] = True
+        start = np.where(allowed, rng.random(n), 0.0)
+        end = np.where(allowed, rng.random(n), 0.0)
+        start[0] = end[0] = 0.0  # [CLS], as postprocess leaves it
+        max_len, top_k = int(rng.integers(1, 30)), int(rng.integers(1, 25))
+        fast = decode_spans(start, end, top_k, max_len, allowed)
+        full = _decode_full(start, end, top_k, max_len, allowed)
+        for a, b in zip(fast, full, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_squad_official_normalisation_and_scores():
     assert normalize_answer("The  Denver Broncos!") == "denver broncos"
     assert normalize_answer("an apple, a pear and THE plum.") == "apple pear and plum"
