@@ -70,19 +70,18 @@ class FastPath:
             data = json.loads(body)
         except ValueError:  # not JSON, or not UTF-8: FastAPI words that error
             return await self.app(scope, replay, send)
-        try:
-            # Python mode on the decoded JSON, as FastAPI does: pydantic's JSON mode words some
-            # errors differently ("valid array" for "valid list").
-            parsed = schema.model_validate(data)
-        except ValidationError as exc:
-            self.state.metrics.errors.labels("invalid_input").inc()
-            response: Response = error_response(
-                422, "invalid_input", describe_validation(exc.errors())
-            )
-            return await response(scope, replay, send)
         request = Request(scope, replay)
+        response: Response
         try:
-            await routes.require_key(request)
+            await routes.require_key(request)  # before validation, as FastAPI: no schema hints
+            try:
+                # Python mode on the decoded JSON, as FastAPI does: pydantic's JSON mode words
+                # some errors differently ("valid array" for "valid list").
+                parsed = schema.model_validate(data)
+            except ValidationError as exc:
+                self.state.metrics.errors.labels("invalid_input").inc()
+                response = error_response(422, "invalid_input", describe_validation(exc.errors()))
+                return await response(scope, replay, send)
             response = await handler(parsed, request, query[0][1] if query else None)
         except ServiceError as exc:
             self.state.metrics.errors.labels(exc.error_type).inc()

@@ -378,6 +378,12 @@ def test_request_id_is_honoured_and_returned(server):
 def test_bearer_auth_guards_the_api_not_health(bundle_dir):
     with live_server(bundles=bundle_dir, api_key="s3cret") as live, live.client() as c:
         assert c.post("/classify", json={"inputs": "x"}).status_code == 401
+        # An invalid body without the key is a 401 too, on both paths: no schema hints.
+        for content_type in ("application/json", "application/x-t+json"):
+            bad = c.post(
+                "/classify", content=b'{"inputs": 3}', headers={"content-type": content_type}
+            )
+            assert bad.status_code == 401, (content_type, bad.text)
         wrong = c.post("/classify", json={"inputs": "x"}, headers={"authorization": "Bearer no"})
         assert wrong.status_code == 401 and wrong.json()["error_type"] == "unauthorized"
         ok = c.post("/classify", json={"inputs": "x"}, headers={"authorization": "Bearer s3cret"})
