@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.asgi import replaying
 from service.errors import ServiceError, describe_validation, error_response
 from service.fastpath import FastPath
 from service.metrics import Metrics
@@ -66,16 +67,8 @@ class BodyLimit:
             chunks.append(chunk)
             if not msg.get("more_body", False):
                 break
-        whole: Message | None = {"type": "http.request", "body": b"".join(chunks)}
-
-        async def replay() -> Message:
-            nonlocal whole
-            if whole is not None:
-                msg, whole = whole, None
-                return msg
-            return await receive()
-
-        await self.app(scope, replay, send)
+        whole: Message = {"type": "http.request", "body": b"".join(chunks)}
+        await self.app(scope, replaying(whole, receive), send)
 
 
 class RequestContext:

@@ -21,9 +21,10 @@ from urllib.parse import parse_qsl
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import routes, schemas
+from service.asgi import replaying
 from service.errors import ServiceError, describe_validation, error_response
 from service.state import ServiceState
 
@@ -54,15 +55,7 @@ class FastPath:
             return await self.app(scope, receive, send)
         first = await receive()  # BodyLimit (outside) hands the whole body in one message
         body = first.get("body", b"") if first["type"] == "http.request" else b""
-        replayed: Message | None = first
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed is not None:
-                msg, replayed = replayed, None
-                return msg
-            return await receive()
-
+        replay = replaying(first, receive)
         if not body.strip() or len(query) > 1:
             return await self.app(scope, replay, send)
         schema, handler = route

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from pydantic import BaseModel
 
 
 def parse_args(description: str) -> argparse.Namespace:
@@ -61,3 +63,26 @@ def answer(logits: np.ndarray, labels: list[str]) -> list[dict]:
     p = z / z.sum()
     best = int(p.argmax())
     return [{"label": labels[best], "score": float(p[best])}]
+
+
+class Body(BaseModel):  # module level: FastAPI resolves the endpoint's annotations here
+    inputs: str
+
+
+def serve_plain_fastapi(classify: Callable[[str], list[dict]], port: int) -> None:
+    """The server most users write first: FastAPI, a sync endpoint (run in FastAPI's thread
+    pool), one model call per request, no access log."""
+    import uvicorn
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"status": "ok"}
+
+    @app.post("/classify")
+    def endpoint(body: Body) -> list[dict]:
+        return classify(body.inputs)
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")

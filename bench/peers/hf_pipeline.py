@@ -15,10 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
-import uvicorn
-from fastapi import FastAPI
 from onnx import numpy_helper
-from pydantic import BaseModel
 from transformers import (
     BertConfig,
     BertForSequenceClassification,
@@ -26,7 +23,7 @@ from transformers import (
     TextClassificationPipeline,
 )
 
-from bench.peers.common import OrtClassifier, parse_args
+from bench.peers.common import OrtClassifier, parse_args, serve_plain_fastapi
 
 PREFIX = "model."
 
@@ -99,10 +96,6 @@ def check_same_model(pipe: TextClassificationPipeline, bundle: Path, texts: list
     return worst
 
 
-class Body(BaseModel):
-    inputs: str
-
-
 def main() -> None:
     args = parse_args(__doc__.split("\n")[0])
     pipe = build_pipeline(args.bundle)
@@ -111,17 +104,7 @@ def main() -> None:
     )
     if diff > 1e-4:
         raise SystemExit(f"torch and ONNX Runtime logits differ by {diff:.2e}")
-    app = FastAPI()
-
-    @app.get("/health")
-    def health() -> dict:
-        return {"status": "ok"}
-
-    @app.post("/classify")
-    def classify(body: Body) -> list[dict]:
-        return pipe(body.inputs, truncation=True)
-
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+    serve_plain_fastapi(lambda text: pipe(text, truncation=True), args.port)
 
 
 if __name__ == "__main__":

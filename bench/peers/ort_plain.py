@@ -8,31 +8,13 @@ are called concurrently (InferenceSession.run is thread-safe).
 
 from __future__ import annotations
 
-import uvicorn
-from fastapi import FastAPI
-from pydantic import BaseModel
-
-from bench.peers.common import OrtClassifier, parse_args
-
-
-class Body(BaseModel):
-    inputs: str
+from bench.peers.common import OrtClassifier, parse_args, serve_plain_fastapi
 
 
 def main() -> None:
     args = parse_args(__doc__.split("\n")[0])
     model = OrtClassifier(args.bundle)
-    app = FastAPI()
-
-    @app.get("/health")
-    def health() -> dict:
-        return {"status": "ok"}
-
-    @app.post("/classify")
-    def classify(body: Body) -> list[dict]:
-        return model.answers(model.logits([body.inputs]))[0]
-
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+    serve_plain_fastapi(lambda text: model.answers(model.logits([text]))[0], args.port)
 
 
 if __name__ == "__main__":
