@@ -79,18 +79,23 @@ def single_latency_ms(engine: Engine, rows: list, pad_id: int, count: int = 300)
     return 1000 * statistics.median(times)
 
 
+def measure(bundle: Path, bodies: Path, seconds: float = 3.0) -> dict:
+    """The ceiling and the batch-1 latency of `bundle` on the /classify bodies in `bodies`."""
+    engine, ctx = load(bundle)
+    rows = classify_rows(ctx, bodies)
+    pad = ctx.spec.tokenizer.pad_id
+    result = ceiling(engine, rows, pad, seconds=seconds)
+    result["single_ms"] = single_latency_ms(engine, rows, pad)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bundle", type=Path, default=Path("bundles/sst2-classify"))
     parser.add_argument("--bodies", type=Path, default=Path("runs/bench/inputs/classify.jsonl"))
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
-    engine, ctx = load(args.bundle)
-    rows = classify_rows(ctx, args.bodies)
-    pad = ctx.spec.tokenizer.pad_id
-    result = ceiling(engine, rows, pad, seconds=args.seconds)
-    result["single_ms"] = single_latency_ms(engine, rows, pad)
-    print(json.dumps(result, indent=2))
+    print(json.dumps(measure(args.bundle, args.bodies, args.seconds), indent=2))
 
 
 if __name__ == "__main__":

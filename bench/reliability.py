@@ -25,14 +25,11 @@ from pathlib import Path
 
 from bench.inputs import write_bodies
 from bench.loadgen import closed_loop, open_loop
+from bench.run import log
 from bench.servers import OURS, serve
 
 ROOT = Path(__file__).resolve().parent.parent
 PORT = 8198
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def memory_mib(pid: int) -> dict[str, float]:

@@ -27,7 +27,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from bench import ceiling as ceiling_mod
+from bench.ceiling import measure as measure_ceiling
 from bench.inputs import ENDPOINTS, write_bodies
 from bench.loadgen import LoadResult, closed_loop, open_loop
 from bench.servers import OURS, PEERS, serve
@@ -126,12 +126,7 @@ def main() -> None:
     ready = inputs["classify"].read_text().splitlines()[0].encode()
 
     log("raw ceiling (in process, no HTTP)")
-    engine, ctx = ceiling_mod.load(bundle)
-    rows = ceiling_mod.classify_rows(ctx, inputs["classify"])
-    pad = ctx.spec.tokenizer.pad_id
-    raw = ceiling_mod.ceiling(engine, rows, pad)
-    raw["single_ms"] = ceiling_mod.single_latency_ms(engine, rows, pad)
-    del engine
+    raw = measure_ceiling(bundle, inputs["classify"])
     log(
         f"  {raw['sequences_per_s']:.0f} sequences/s (batch {raw['best_batch']}); "
         f"one batch-1 call {raw['single_ms']:.3f} ms"

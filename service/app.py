@@ -16,7 +16,15 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.asgi import replaying
-from service.errors import ServiceError, describe_validation, error_response
+from service.errors import (
+    Overloaded,
+    ServiceError,
+    error_response,
+    internal_error_response,
+    service_error_response,
+    validation_error_response,
+)
+from service.fastpath import ROUTES as FAST_ROUTES
 from service.fastpath import FastPath
 from service.metrics import Metrics
 from service.routes import api, ops
@@ -24,7 +32,7 @@ from service.settings import Settings
 from service.state import ServiceState
 
 log = logging.getLogger("service.access")
-TASK_PATHS = {f"/{task}": task for task in ("fill-mask", "classify", "ner", "qa", "nsp")}
+TASK_PATHS = {path: path.removeprefix("/") for path in FAST_ROUTES}  # "/classify": "classify"
 ENDPOINTS = {
     *TASK_PATHS,
     "/health/live",
@@ -105,8 +113,8 @@ class RequestContext:
             # request each left the event loop too little time for the work it had admitted.
             busy = self.state.saturated(task)
             if busy is not None:
-                metrics.errors.labels("overloaded").inc()
-                app = error_response(429, "overloaded", busy, headers={"Retry-After": "1"})
+                refused = Overloaded(busy, headers={"Retry-After": "1"})
+                app = service_error_response(refused, metrics)
         self.state.in_flight += 1
         metrics.in_flight.inc()
         try:
@@ -158,13 +166,11 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(ServiceError)
     async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
-        state.metrics.errors.labels(exc.error_type).inc()
-        return error_response(exc.status, exc.error_type, exc.message, exc.headers)
+        return service_error_response(exc, state.metrics)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        state.metrics.errors.labels("invalid_input").inc()
-        return error_response(422, "invalid_input", describe_validation(exc.errors()))
+        return validation_error_response(exc.errors(), state.metrics)
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
@@ -176,9 +182,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def bug(_: Request, exc: Exception) -> JSONResponse:
-        logging.getLogger("service").exception("unhandled error")
-        state.metrics.errors.labels("internal").inc()
-        return error_response(500, "internal", "internal error (logged with the request id)")
+        return internal_error_response(state.metrics)
 
     app.add_middleware(FastPath, state=state)  # innermost: after the body limit
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import TYPE_CHECKING, Any
 
 from starlette.responses import JSONResponse
+
+if TYPE_CHECKING:
+    from service.metrics import Metrics
 
 PATTERN_MESSAGES = {r"\S": "is empty or blank", r"\[MASK\]": "has no [MASK] token"}
 
@@ -55,6 +59,25 @@ def error_response(
     status: int, error_type: str, message: str, headers: dict[str, str] | None = None
 ) -> JSONResponse:
     return JSONResponse({"error": message, "error_type": error_type}, status, headers=headers)
+
+
+def service_error_response(exc: ServiceError, metrics: Metrics) -> JSONResponse:
+    """A typed error's response, counted by its type: what every layer that answers for the
+    app (FastAPI's handlers, the fast path, load shedding) sends."""
+    metrics.errors.labels(exc.error_type).inc()
+    return error_response(exc.status, exc.error_type, exc.message, exc.headers)
+
+
+def validation_error_response(errors: Any, metrics: Metrics) -> JSONResponse:
+    return service_error_response(InvalidInput(describe_validation(errors)), metrics)
+
+
+def internal_error_response(metrics: Metrics) -> JSONResponse:
+    """A bug: logged with its traceback (call from an `except` block), answered as a 500."""
+    logging.getLogger("service").exception("unhandled error")
+    return service_error_response(
+        ServiceError("internal error (logged with the request id)"), metrics
+    )
 
 
 def describe_validation(errors: Any) -> str:

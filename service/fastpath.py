@@ -13,7 +13,6 @@ FastAPI routes.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qsl
@@ -25,10 +24,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import routes, schemas
 from service.asgi import replaying
-from service.errors import ServiceError, describe_validation, error_response
+from service.errors import (
+    ServiceError,
+    internal_error_response,
+    service_error_response,
+    validation_error_response,
+)
 from service.state import ServiceState
-
-log = logging.getLogger("service")
 
 Handler = Callable[[Any, Request, str | None], Awaitable[Response]]
 ROUTES: dict[str, tuple[type[BaseModel], Handler]] = {
@@ -72,17 +74,11 @@ class FastPath:
                 # some errors differently ("valid array" for "valid list").
                 parsed = schema.model_validate(data)
             except ValidationError as exc:
-                self.state.metrics.errors.labels("invalid_input").inc()
-                response = error_response(422, "invalid_input", describe_validation(exc.errors()))
+                response = validation_error_response(exc.errors(), self.state.metrics)
                 return await response(scope, replay, send)
             response = await handler(parsed, request, query[0][1] if query else None)
         except ServiceError as exc:
-            self.state.metrics.errors.labels(exc.error_type).inc()
-            response = error_response(exc.status, exc.error_type, exc.message, exc.headers)
+            response = service_error_response(exc, self.state.metrics)
         except Exception:
-            log.exception("unhandled error")
-            self.state.metrics.errors.labels("internal").inc()
-            response = error_response(
-                500, "internal", "internal error (logged with the request id)"
-            )
+            response = internal_error_response(self.state.metrics)
         await response(scope, replay, send)

@@ -101,11 +101,12 @@ async def run_task(
     prepare: Callable[[], Sequence[Row]],
     finish: Callable[[list[RowResult]], Any],
 ) -> JSONResponse:
-    stage = state_of(request).metrics.stages(endpoint)
+    state = state_of(request)
+    stage = state.metrics.stages(endpoint)
     t0 = time.perf_counter()
     rows = list(prepare())
     t1 = time.perf_counter()
-    settings = state_of(request).settings
+    settings = state.settings
     limit = min(settings.max_request_rows, settings.max_queue_rows)  # more could never be admitted
     if len(rows) > limit:  # a 100,000-token text: refused before it is queued or computed
         raise TooLarge(

@@ -65,10 +65,10 @@ def decode_spans(
     """Best (start, end) pairs by P(start) x P(end), end >= start, length <= max_answer_len,
     both inside `allowed` positions, best first.
 
-    Only the band of spans up to `max_answer_len` is scored (L x 15 cells, not the pipeline's
-    L x L matrix, which was 40% of the event loop's time on /qa); when the band holds fewer
-    non-zero candidates than asked, the pipeline's own full-matrix computation decides, so its
-    zero-score picks are the same too."""
+    Only the band of spans up to `max_answer_len` is scored (L x max_answer_len cells, not the
+    pipeline's L x L matrix, which was 40% of the event loop's time on /qa); when the band holds
+    fewer non-zero candidates than asked, the pipeline's own full-matrix computation decides, so
+    its zero-score picks are the same too."""
     n = len(start)
     width = min(max_answer_len, n)
     ends = np.arange(n)[:, None] + np.arange(width)[None, :]  # (n, width): end of each span
