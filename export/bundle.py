@@ -38,6 +38,7 @@ from export.parity import (
 )
 from model.checkpoint import load_model, read_config, read_state_dict, sha256, weights_path
 from model.heads import BertPreTrainedModel
+from model.sources import read_provenance
 from model.tokenizer import BertTokenizer
 from service.bundle import FORMAT_VERSION, LABELLED_TASKS, BundleSpec, load_bundle_spec
 
@@ -246,6 +247,7 @@ def build_bundle(
                 "checkpoint": str(checkpoint),
                 "sha256": sha256(weights_path(checkpoint)),
                 "architecture": model.architecture,
+                "init": (p.to_dict() if (p := read_provenance(checkpoint)) else None),
             },
             variant_accuracy=accuracy,
             metrics=metrics or {},

