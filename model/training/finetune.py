@@ -15,9 +15,10 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from tqdm import tqdm
 
 from model.checkpoint import load_model, save_model
 from model.heads import BertPreTrainedModel
+from model.sources import resolve_init, write_provenance
 from model.tokenizer import BertTokenizer
 from model.training.data import tasks as data
 from model.training.loop import MetricsLog, build_optimizer, plot_curves, warmup_linear_decay
@@ -52,6 +54,7 @@ class FinetuneRecipe:
     weight_decay: float = 0.01
     clip: float = 1.0
     dropout: float = 0.1
+    length_buckets: int = 50  # batches drawn at random, sorted by length, then split (less padding)
     eval_every: int = 200  # optimizer steps
     patience: int = 5  # evaluations without a better dev metric
     train_fraction: float = 1.0  # share of the training examples kept (stated in the model card)
@@ -61,7 +64,7 @@ class FinetuneRecipe:
     threads: int = 0
 
     @classmethod
-    def load(cls, name_or_path: str | Path) -> FinetuneRecipe:
+    def load(cls, name_or_path: str | Path) -> Self:
         name, values = read_recipe(name_or_path)
         check_keys(cls, values, f"recipe {name!r}")
         return cls(**{"name": name, **values})
@@ -166,6 +169,29 @@ def batch_tensors(features: Features, rows: np.ndarray, pad_id: int) -> dict[str
     return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask} | out
 
 
+def length_bucketed(
+    features: Features,
+    keep: list[int],
+    batch_size: int,
+    buckets: int,
+    rng: np.random.Generator,
+) -> list[np.ndarray]:
+    """One epoch of full batches: a random permutation cut into chunks of `buckets` batches,
+    each chunk sorted by length and split, and the batches shuffled. Rows of a batch then have
+    similar lengths, so little compute goes to padding, while every batch still mixes examples
+    from all over the data. `buckets` <= 1 is a plain random order."""
+    order = rng.permutation(keep)
+    chunk = batch_size * max(1, buckets)
+    batches = []
+    for start in range(0, len(order), chunk):
+        part = order[start : start + chunk]
+        if buckets > 1:
+            part = part[np.argsort([len(features.input_ids[i]) for i in part], kind="stable")]
+        batches += [part[i : i + batch_size] for i in range(0, len(part), batch_size)]
+    batches = [b for b in batches if len(b) == batch_size]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
 # --- dev metric (torch, during training; the shipped numbers come from `evaluate`) ---------------
 
 
@@ -212,6 +238,65 @@ def dev_metric(
 # --- the loop -----------------------------------------------------------------------------------
 
 
+def fit(
+    model: torch.nn.Module,
+    recipe: FinetuneRecipe,
+    train: Features,
+    loss_of: Callable[[np.ndarray, float], tuple[torch.Tensor, dict[str, float]]],
+    evaluate: Callable[[], dict[str, float]],
+    save: Callable[[], None],
+    out: Path,
+    title: str,
+) -> tuple[float, int, int]:
+    """The training loop fine-tuning and distillation share: length-bucketed batches of `train`,
+    AdamW over `model`'s parameters with warm-up and linear decay, `loss_of(rows, progress)`
+    (progress in [0, 1], for schedules such as the distillation temperature), an evaluation
+    every `eval_every` steps that calls `save` on a new best, early stop after `patience`
+    evaluations without one. Writes metrics.jsonl and curves.png to `out`; returns
+    (best dev metric, steps, seconds)."""
+    steps_per_epoch = max(1, len(train) // recipe.batch_size)
+    total = max(1, int(steps_per_epoch * recipe.epochs))
+    optimizer = build_optimizer(model, recipe.lr, recipe.weight_decay, (0.9, 0.999))
+    scheduler = warmup_linear_decay(optimizer, max(1, int(recipe.warmup_fraction * total)), total)
+    metrics = MetricsLog(out / "metrics.jsonl")
+    metrics.path.write_text("")
+    rng = np.random.default_rng(recipe.seed)
+    best, stale, step = -float("inf"), 0, 0
+    started = time.time()
+    model.train()
+    bar = tqdm(total=total, desc=title, dynamic_ncols=True)
+    rows_all = list(range(len(train)))
+    while step < total and stale < recipe.patience:
+        for rows in length_bucketed(train, rows_all, recipe.batch_size, recipe.length_buckets, rng):
+            loss, parts = loss_of(rows, step / total)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            if step % 20 == 0:
+                record = {"step": step, "kind": "train", "loss": loss.item()}
+                metrics.append(record | parts | {"lr": scheduler.get_last_lr()[0]})
+            if step % recipe.eval_every == 0 or step == total:
+                result = evaluate()
+                model.train()
+                metrics.append({"step": step, "kind": "eval", **result})
+                if result["dev_metric"] > best:
+                    best, stale = result["dev_metric"], 0
+                    save()
+                else:
+                    stale += 1
+                bar.write(f"step {step}: dev {result['dev_metric']:.2f} (best {best:.2f})")
+            if step >= total or stale >= recipe.patience:
+                break
+    bar.close()
+    plot_curves(metrics.read(), out / "curves.png", ["loss"], ["dev_metric"], title)
+    return best, step, round(time.time() - started)
+
+
 def finetune(
     task: str,
     init: str,
@@ -226,9 +311,15 @@ def finetune(
         torch.set_num_threads(recipe.threads)
     torch.manual_seed(recipe.seed)
     random_init = init == "random"
-    source = tokenizer_dir if random_init else Path(init)
-    if source is None:
-        raise ValueError("--init random needs --tokenizer CHECKPOINT (the shape and vocabulary)")
+    provenance = None
+    if random_init:
+        if tokenizer_dir is None:
+            raise ValueError(
+                "--init random needs --tokenizer CHECKPOINT (its shape and vocabulary)"
+            )
+        source = tokenizer_dir
+    else:
+        source, provenance = resolve_init(init)
     tok = BertTokenizer.load(source)
     labels = task_labels(task, data_dir)
     overrides: dict[str, Any] = {
@@ -244,77 +335,43 @@ def finetune(
     train, _ = build_features(
         task, tok, data_dir, "train", recipe, labels or [], recipe.train_fraction
     )
-    keep = list(range(len(train)))
     dev, dev_examples = build_features(task, tok, data_dir, "dev", recipe, labels or [])
     if recipe.dev_limit:  # the first rows (and, for classify/ner, their examples: one a row)
         dev = dev.head(recipe.dev_limit)
         dev_examples = dev_examples[: recipe.dev_limit]
 
-    steps_per_epoch = max(1, len(keep) // recipe.batch_size)
-    total = max(1, int(steps_per_epoch * recipe.epochs))
-    optimizer = build_optimizer(model, recipe.lr, recipe.weight_decay, (0.9, 0.999))
-    scheduler = warmup_linear_decay(optimizer, max(1, int(recipe.warmup_fraction * total)), total)
     out.mkdir(parents=True, exist_ok=True)
-    metrics = MetricsLog(out / "metrics.jsonl")
-    metrics.path.write_text("")
     (out / "recipe.json").write_text(
         json.dumps(
-            dataclasses.asdict(recipe) | {"init": init, "train_examples": len(keep)}, indent=2
+            dataclasses.asdict(recipe) | {"init": init, "train_examples": len(train)}, indent=2
         )
     )
-    rng = np.random.default_rng(recipe.seed)
-    best, stale, step = -float("inf"), 0, 0
-    started = time.time()
-    model.train()
-    bar = tqdm(total=total, desc=f"finetune {task} ({recipe.name})", dynamic_ncols=True)
-    while step < total and stale < recipe.patience:
-        order = rng.permutation(keep)
-        for start in range(0, len(order) - recipe.batch_size + 1, recipe.batch_size):
-            batch = batch_tensors(train, order[start : start + recipe.batch_size], tok.pad_id)
-            loss = model(**batch).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-            if step % 20 == 0:
-                metrics.append(
-                    {
-                        "step": step,
-                        "kind": "train",
-                        "loss": loss.item(),
-                        "lr": scheduler.get_last_lr()[0],
-                    }
-                )
-            if step % recipe.eval_every == 0 or step == total:
-                result = dev_metric(task, model, dev, dev_examples, labels, tok.pad_id)
-                metrics.append({"step": step, "kind": "eval", **result})
-                if result["dev_metric"] > best:
-                    best, stale = result["dev_metric"], 0
-                    save_model(model, out)
-                    tok.save(out)
-                else:
-                    stale += 1
-                bar.write(f"step {step}: dev {result['dev_metric']:.2f} (best {best:.2f})")
-            if step >= total or stale >= recipe.patience:
-                break
-    bar.close()
-    plot_curves(
-        metrics.read(),
-        out / "curves.png",
-        ["loss"],
-        ["dev_metric"],
-        f"fine-tuning {task} ({recipe.name}, init {'random' if random_init else 'pre-trained'})",
+    if provenance is not None:
+        write_provenance(out, provenance)
+
+    def loss_of(rows: np.ndarray, progress: float) -> tuple[torch.Tensor, dict[str, float]]:
+        return model(**batch_tensors(train, rows, tok.pad_id)).loss, {}
+
+    def save() -> None:
+        save_model(model, out)
+        tok.save(out)
+
+    best, step, seconds = fit(
+        model,
+        recipe,
+        train,
+        loss_of,
+        lambda: dev_metric(task, model, dev, dev_examples, labels, tok.pad_id),
+        save,
+        out,
+        f"{task} ({recipe.name}, init {'random' if random_init else 'pre-trained'})",
     )
     summary = {
         "task": task,
         "best_dev_metric": best,
         "steps": step,
-        "seconds": round(time.time() - started),
-        "train_examples": len(keep),
+        "seconds": seconds,
+        "train_examples": len(train),
     }
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

