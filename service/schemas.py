@@ -45,7 +45,11 @@ class ClassifyRequest(_Request):
 
 
 class NerParams(_Params):
-    aggregation_strategy: Literal["none", "simple", "first", "average", "max"] = "simple"
+    # "first": an entity word takes its first piece's label, the piece the model is trained to
+    # label (model.training.data.tasks.align_labels). "simple" groups pieces by their own
+    # labels, and the untrained labels of later pieces split words ("Leices" ORG, "##tershire"
+    # PER): 21.5 entity F1 against 58 with "first" on the same tiny bundle.
+    aggregation_strategy: Literal["none", "simple", "first", "average", "max"] = "first"
     ignore_labels: list[str] = ["O"]
     stride: int = Field(32, ge=0, description="overlap of windows over a long text, in tokens")
 

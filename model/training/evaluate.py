@@ -27,6 +27,7 @@ from service.batching import Row, RowResult, pad_rows, slice_outputs
 from service.bundle import load_bundle_spec
 from service.engine import Engine
 from service.errors import ServiceError
+from service.schemas import NerParams, QaParams
 from service.settings import Settings
 from service.state import PER_TOKEN
 from service.tasks import classify, fill_mask, ner, nsp, qa
@@ -91,19 +92,27 @@ def word_tags(words: list[str], entities: list[dict]) -> list[str]:
 def evaluate_ner(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
     sentences = data.read_conll(data_dir, "test")
     texts = [" ".join(s.words) for s in sentences]
-    inputs, rows = ner.preprocess(runner.ctx, texts, stride=32)
-    entities = ner.postprocess(runner.ctx, inputs, runner.run(rows, "ner"), "first", ["O"])
+    p = NerParams()  # the service's defaults: what is measured is what a plain request gets
+    inputs, rows = ner.preprocess(runner.ctx, texts, stride=p.stride)
+    entities = ner.postprocess(
+        runner.ctx, inputs, runner.run(rows, "ner"), p.aggregation_strategy, p.ignore_labels
+    )
     predicted = [word_tags(s.words, e) for s, e in zip(sentences, entities, strict=True)]
     return entity_f1([s.tags for s in sentences], predicted) | {"data": "CoNLL-2003 eng.testb"}
 
 
 def evaluate_qa(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
     examples = data.read_squad(data_dir, "dev")
+    p = QaParams()  # the service's defaults (max_answer_len 15, doc_stride 128, ...)
     inputs, rows, kept = [], [], []
     for example in examples:
         try:
             item, item_rows = qa.preprocess(
-                runner.ctx, [(example.question, example.context)], 384, 128, 64
+                runner.ctx,
+                [(example.question, example.context)],
+                p.max_seq_len,
+                p.doc_stride,
+                p.max_question_len,
             )
         except ServiceError:  # e.g. a question over 64 tokens: scored as an empty answer
             kept.append(None)
@@ -111,10 +120,18 @@ def evaluate_qa(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
         kept.append(len(inputs))
         inputs.extend(item)
         rows.extend(item_rows)
-    answers = qa.postprocess(runner.ctx, inputs, runner.run(rows, "qa"), 1, 30, False)
+    answers = qa.postprocess(
+        runner.ctx,
+        inputs,
+        runner.run(rows, "qa"),
+        p.top_k,
+        p.max_answer_len,
+        p.handle_impossible_answer,
+    )
     predictions = [answers[k]["answer"] if k is not None else "" for k in kept]  # type: ignore[index]
     return squad_scores(predictions, [e.answers for e in examples]) | {
         "data": "SQuAD v1.1 dev",
+        "parameters": p.model_dump(),
         "refused": kept.count(None),
     }
 
