@@ -1,13 +1,16 @@
 # The README's commands. Each target creates or refreshes the local virtualenv it needs, so one
 # command sets up a fresh machine. `onnxruntime` (cpu) and `onnxruntime-gpu` never share a venv.
-PYTHON ?= python3.11
+# The interpreter: PYTHON if given, else the newest supported python3.1x on PATH that runs (a
+# pyenv shim for a version that is not selected is on PATH and fails).
+PYTHON ?= $(shell bash tools/check-python.sh --find)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= cpu,train,dev
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: help install test lint format serve clean pretrained finetuned models bench reliability
+.PHONY: help check-python install install-serve test lint format serve clean pretrained finetuned \
+	models bench reliability
 
 help:
 	@echo "make test    lint and run the test suite (creates $(VENV) on first use)"
@@ -16,7 +19,11 @@ help:
 	@echo "make bench   bertserve vs the raw ceiling and the peers -> docs/benchmarks.md (~10 min)"
 	@echo "make reliability  overload, faults, hostile input -> docs/reliability.md (~4 min)"
 
-$(STAMP): pyproject.toml
+# One line that says what is missing, instead of "python3.11: command not found".
+check-python:
+	@test -x $(PY) || bash tools/check-python.sh "$(PYTHON)"
+
+$(STAMP): pyproject.toml | check-python
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
@@ -38,16 +45,19 @@ test: lint
 
 # Serving needs only the cpu extra (no torch): a fresh clone installs that much and serves.
 SERVE_STAMP := $(VENV)/.installed-serve
-$(SERVE_STAMP): pyproject.toml
+$(SERVE_STAMP): pyproject.toml | check-python
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[cpu]"
 	touch $@
 
+install-serve: $(SERVE_STAMP)
+
 serve: $(SERVE_STAMP)
 	@if ! ls bundles/*/bundle.json >/dev/null 2>&1; then \
 		echo "no bundles: bundles/ holds no servable model"; exit 1; fi
-	$(PY) -m service --bundles bundles --host $${BERTSERVE_HOST:-0.0.0.0} --port $${BERTSERVE_PORT:-8000}
+	$(VENV)/bin/bertserve serve --bundles bundles --host $${BERTSERVE_HOST:-127.0.0.1} \
+		--port $${BERTSERVE_PORT:-8000}
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) .pytest_cache .ruff_cache
@@ -57,6 +67,7 @@ BENCH_VENV ?= .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 $(BENCH_STAMP): pyproject.toml
 	@command -v wrk >/dev/null || { echo "wrk is missing: apt-get install wrk"; exit 1; }
+	@test -x $(BENCH_VENV)/bin/python || bash tools/check-python.sh "$(PYTHON)"
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/pip install --quiet --upgrade pip
 	$(BENCH_VENV)/bin/pip install --quiet -e ".[cpu,train,dev,bench]"

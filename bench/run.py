@@ -106,8 +106,14 @@ def drive(url: str, bodies: Path, levels: list[int], seconds: float) -> list[Loa
     return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python -m bench.run") -> None:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__.split("\n")[0],
+        epilog=f"example:\n  {prog} --data ../shared/data --levels 1,8,32 --peers fastapi-ort\n"
+        "(needs wrk and the bench extra: `make bench` sets both up)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--bundles", type=Path, default=ROOT / "bundles")
     parser.add_argument("--classify-bundle", default="sst2-classify")
@@ -116,7 +122,7 @@ def main() -> None:
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench")
     parser.add_argument("--report", type=Path, default=ROOT / "docs" / "benchmarks.md")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",")]
     started = time.time()
 

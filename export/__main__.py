@@ -10,8 +10,18 @@ import shlex
 import sys
 from pathlib import Path
 
+EXAMPLES = """examples:
+  {prog} --checkpoint runs/minilm-sst2 --task classify --out bundles/sst2-minilm
+  {prog} --checkpoint runs/minilm-sst2 --task classify --precision int8 \\
+      --eval-data DATA/sst2/dev.tsv --out bundles/sst2-minilm-int8
+  {prog} --checkpoint checkpoints/pretrained-wiki-tiny --task fill-mask,nsp --out bundles/wiki
+"""
+VERIFY_EXAMPLES = """examples:
+  {prog} bundles/sst2-classify     # loads it as the service does; parity with its checkpoint
+"""
 
-def main(argv: list[str] | None = None) -> int:
+
+def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from export.bundle import build_bundle, report_json, verify
@@ -19,12 +29,22 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if argv[:1] == ["verify"]:
-            parser = argparse.ArgumentParser(prog="python -m export verify")
+            parser = argparse.ArgumentParser(
+                prog=f"{prog} verify",
+                description="Check a bundle as the service will load it.",
+                epilog=VERIFY_EXAMPLES.format(prog=f"{prog} verify"),
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+            )
             parser.add_argument("bundle", type=Path)
             args = parser.parse_args(argv[1:])
             print(report_json(verify(args.bundle)))  # noqa: T201
             return 0
-        parser = argparse.ArgumentParser(prog="python -m export", description=__doc__)
+        parser = argparse.ArgumentParser(
+            prog=prog,
+            description=__doc__,
+            epilog=EXAMPLES.format(prog=prog),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         parser.add_argument(
             "--checkpoint",
             required=True,

@@ -38,8 +38,58 @@ class JsonFormatter(logging.Formatter):
         )
 
 
+# One first request a task: the line a person copies from the ready message.
+FIRST_REQUESTS = {
+    "classify": {"inputs": "a charming and often affecting journey"},
+    "ner": {"inputs": "Angela Merkel met Emmanuel Macron in Paris."},
+    "qa": {
+        "inputs": {
+            "question": "Where was Aristotle born?",
+            "context": "Aristotle was born in Stagira in 384 BC.",
+        }
+    },
+    "fill-mask": {"inputs": "Paris is the [MASK] of France."},
+    "nsp": {"inputs": {"text": "I went to the bakery.", "text_pair": "I bought fresh bread."}},
+}
+
+
+def ready_facts(state, host: str, port: int) -> dict:
+    """What a person needs once the service is ready: where it is, what it serves, on what."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    url = f"http://{shown}:{port}"
+    serving = state.serving()
+    task = "classify" if "classify" in serving else next(iter(serving))
+    body = json.dumps(FIRST_REQUESTS.get(task, {"inputs": "hello"}))
+    return {
+        "event": "ready",
+        "url": url,
+        "listening": f"{host}:{port}",
+        "docs": f"{url}/docs",
+        "models": serving,
+        "providers": sorted({m.engine.provider for m in state.models.values()}),
+        "example": f"curl -s {url}/{task} -H 'content-type: application/json' -d '{body}'",
+    }
+
+
+def ready_text(facts: dict) -> str:
+    width = max(len("API docs"), *map(len, facts["models"]))
+    lines = [
+        f"bertserve is ready at {facts['url']} (listening on {facts['listening']})",
+        f"  {'API docs':<{width}}  {facts['docs']}",
+        f"  {'provider':<{width}}  {', '.join(facts['providers'])}",
+        *(
+            f"  {task:<{width}}  {names[0]} (default)"
+            + (f", {', '.join(names[1:])} (?model=NAME)" if names[1:] else "")
+            for task, names in facts["models"].items()
+        ),
+        f"  {'try':<{width}}  {facts['example']}",
+    ]
+    return "\n".join(lines)
+
+
 class DrainingServer(uvicorn.Server):
-    """uvicorn, with a first SIGTERM that drains instead of cutting in-flight requests."""
+    """uvicorn, with a first SIGTERM that drains instead of cutting in-flight requests, and a
+    line for people (or one structured log line, off a terminal) once every model is warm."""
 
     def __init__(self, config: uvicorn.Config, state, drain_timeout: float) -> None:
         super().__init__(config)
@@ -49,6 +99,23 @@ class DrainingServer(uvicorn.Server):
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started and self.servers:
+            self._announcing = asyncio.get_running_loop().create_task(self._announce())
+
+    async def _announce(self) -> None:
+        while not self.state.ready:
+            if self.should_exit or self.state.draining:
+                return
+            await asyncio.sleep(0.05)
+        port = self.servers[0].sockets[0].getsockname()[1]  # the real one, also for --port 0
+        facts = ready_facts(self.state, self.config.host, port)
+        if sys.stdout.isatty():
+            print(ready_text(facts), flush=True)  # noqa: T201
+        else:
+            logging.getLogger("service").info("ready", extra={"fields": facts})
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.state.draining or self._loop is None:
@@ -67,15 +134,23 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def main(argv: list[str] | None = None) -> int:
+EXAMPLES = """examples:
+  {prog} --bundles bundles                      # http://127.0.0.1:8000/docs
+  {prog} --bundles bundles --host 0.0.0.0 --port 8080
+  BERTSERVE_API_KEYS=k1-long-enough-key {prog} --bundles bundles
+"""
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m service",
+        prog=prog,
         description=__doc__,
+        epilog=EXAMPLES.format(prog=prog),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--bundles", type=Path, help="bundle directory (BERTSERVE_BUNDLES)")
     parser.add_argument("--host", help="listen address (BERTSERVE_HOST, default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port (BERTSERVE_PORT, default 8000)")
+    parser.add_argument("--port", type=int, help="port (BERTSERVE_PORT, default 8000; 0: any free)")
     args = parser.parse_args(argv)
 
     from service.app import create_app

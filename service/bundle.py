@@ -91,6 +91,9 @@ class BundleSpec(_Strict):
     metrics: dict[str, Any] = {}  # task evaluation of this bundle, if measured
     created_by: str
     created_at: str
+    # Serves its tasks when a request names no model. Without one, the first bundle by
+    # directory name does; two defaults for one task are a start-up error.
+    default: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> BundleSpec:

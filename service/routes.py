@@ -34,7 +34,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (504, "queue deadline passed"),
     )
 }
-ModelName = Annotated[str | None, Query(description="bundle name; default: the first serving it")]
+ModelName = Annotated[
+    str | None,
+    Query(description="bundle name; default: the bundle marked default for the task (GET /models)"),
+]
 
 
 class ClientGone(ServiceError):
@@ -283,17 +286,20 @@ async def metrics(request: Request) -> Response:
 
 @ops.get("/models")
 async def models(request: Request) -> list[dict[str, Any]]:
+    state = state_of(request)
     return [
         {
             "name": m.name,
             "tasks": m.spec.tasks,
+            "default_for": [t for t, d in state.defaults.items() if d is m],
             "labels": m.spec.labels,
             "precision": m.spec.precision,
             "provider": m.engine.provider,
             "max_seq_len": m.spec.max_seq_len,
             "architecture": m.spec.architecture.model_dump(),
             "metrics": m.spec.metrics,
+            "weights": m.spec.source.init.model_dump() if m.spec.source.init else None,
             "queue_depth": m.batcher.depth,
         }
-        for m in state_of(request).models.values()
+        for m in state.models.values()
     ]

@@ -18,7 +18,7 @@ class Settings(BaseSettings):
 
     bundles: Path = Field(Path("bundles"), description="directory of bundles to serve")
     host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
+    port: int = Field(8000, ge=0, le=65535, description="0: any free port (the ready line says)")
     # "auto": CUDA if this ONNX Runtime build has it, then CPU. Or a comma-separated list.
     providers: str = "auto"
     require_gpu: bool = Field(

