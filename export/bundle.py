@@ -24,6 +24,8 @@ from export.graph import (
     export_onnx,
     graph_io,
     optimise,
+    output_axes,
+    read_pooling,
     resolve_tasks,
     to_fp16,
     to_int8,
@@ -40,7 +42,7 @@ from model.checkpoint import load_model, read_config, read_state_dict, sha256, w
 from model.heads import BertPreTrainedModel
 from model.sources import read_provenance
 from model.tokenizer import BertTokenizer
-from service.bundle import FORMAT_VERSION, LABELLED_TASKS, BundleSpec, load_bundle_spec
+from service.bundle import FORMAT_VERSION, BundleSpec, load_bundle_spec
 
 log = logging.getLogger(__name__)
 
@@ -123,11 +125,13 @@ def torch_parity(
     inputs: list[str],
     outputs: list[str],
     max_len: int,
+    pooling: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The torch model and an exported graph on the same sample sentences, compared."""
     feeds = sample_feeds(tokenizer, SAMPLE_TEXTS, inputs, max_len)
+    graph = TaskGraph(model, tasks, str((pooling or {}).get("mode", "mean")))
     return compare(
-        torch_outputs(TaskGraph(model, tasks), feeds, inputs, outputs),
+        torch_outputs(graph, feeds, inputs, outputs),
         onnx_outputs(onnx_path, feeds),
         feeds,
     )
@@ -173,14 +177,17 @@ def build_bundle(
         raise ValueError(f"--precision {precision!r} is not one of {sorted(TOLERANCE)}")
     model = load_model(checkpoint, TASK_SPECS[tasks[0]].architecture).eval()
     inputs, outputs = graph_io(tasks)
+    pooling = read_pooling(checkpoint) if "embed" in tasks else None
 
     with tempfile.TemporaryDirectory(prefix="bertserve-export-") as tmp:
         work = Path(tmp)
-        export_onnx(model, tasks, work / "raw.onnx")
+        export_onnx(model, tasks, work / "raw.onnx", str((pooling or {}).get("mode", "mean")))
         fused = optimise(
             work / "raw.onnx", work / "fp32.onnx", config.num_attention_heads, config.hidden_size
         )
-        check = torch_parity(model, tasks, tokenizer, work / "fp32.onnx", inputs, outputs, max_len)
+        check = torch_parity(
+            model, tasks, tokenizer, work / "fp32.onnx", inputs, outputs, max_len, pooling
+        )
         if check["max_abs_diff"] > TOLERANCE["fp32"]:
             raise ValueError(f"ONNX Runtime differs from torch by {check['max_abs_diff']:.2e}")
         accuracy = None
@@ -219,7 +226,7 @@ def build_bundle(
             name=out.name,
             tasks=tasks,
             labels=[config.id2label[i] for i in range(config.num_labels)]
-            if set(LABELLED_TASKS) & set(tasks)
+            if any(TASK_SPECS[t].labelled for t in tasks)
             else None,
             max_seq_len=max_len,
             tokenizer={
@@ -233,6 +240,8 @@ def build_bundle(
             },
             inputs=inputs,
             outputs=outputs,
+            output_axes=output_axes(tasks),
+            pooling=pooling,
             precision=precision,
             opset=OPSET,
             architecture={
@@ -314,6 +323,7 @@ def verify(directory: Path) -> dict[str, Any]:
         spec.inputs,
         spec.outputs,
         spec.max_seq_len,
+        spec.pooling.model_dump() if spec.pooling else None,
     )
     if (
         result["max_abs_diff"] > TOLERANCE[spec.precision]

@@ -19,11 +19,10 @@ import torch
 from torch import Tensor, nn
 
 from model.heads import BertPreTrainedModel, gather_positions
-from service.bundle import BASE_INPUTS, MASK_POSITIONS, TASK_OUTPUTS
+from service.bundle import BASE_INPUTS, MASK_POSITIONS
 
 log = logging.getLogger(__name__)
 
-TASKS = tuple(TASK_OUTPUTS)
 OPSET = 17
 
 
@@ -31,25 +30,58 @@ OPSET = 17
 class TaskSpec:
     architecture: str  # the model class that carries the head
     head_keys: tuple[str, ...]  # checkpoint keys the head needs
+    outputs: dict[str, str]  # graph output -> its axes (bundle.json "output_axes")
+    labelled: bool = False  # needs id2label (bundle.json "labels")
 
 
 TASK_SPECS = {
     "fill-mask": TaskSpec(
-        "BertForPreTraining", ("cls.predictions.transform.dense.weight", "cls.predictions.bias")
+        "BertForPreTraining",
+        ("cls.predictions.transform.dense.weight", "cls.predictions.bias"),
+        {"mlm_logits": "mask"},
     ),
-    "nsp": TaskSpec("BertForPreTraining", ("cls.seq_relationship.weight",)),
-    "classify": TaskSpec("BertForSequenceClassification", ("classifier.weight",)),
-    "ner": TaskSpec("BertForTokenClassification", ("classifier.weight",)),
-    "qa": TaskSpec("BertForQuestionAnswering", ("qa_outputs.weight",)),
+    "nsp": TaskSpec(
+        "BertForPreTraining", ("cls.seq_relationship.weight",), {"nsp_logits": "sequence"}
+    ),
+    "classify": TaskSpec(
+        "BertForSequenceClassification", ("classifier.weight",), {"logits": "sequence"}, True
+    ),
+    "ner": TaskSpec(
+        "BertForTokenClassification", ("classifier.weight",), {"logits": "token"}, True
+    ),
+    "qa": TaskSpec(
+        "BertForQuestionAnswering",
+        ("qa_outputs.weight",),
+        {"start_logits": "token", "end_logits": "token"},
+    ),
+    "embed": TaskSpec("BertModel", (), {"embeddings": "sequence"}),
 }
-# Axis names of every output, for the exporter's dynamic axes.
-OUTPUT_AXES = {
-    "mlm_logits": {0: "batch", 1: "predictions"},
-    "nsp_logits": {0: "batch"},
-    "logits": {0: "batch"},
-    "start_logits": {0: "batch", 1: "sequence"},
-    "end_logits": {0: "batch", 1: "sequence"},
+TASKS = tuple(TASK_SPECS)
+# Dynamic axes of the exported graph, by an output's kind.
+DYNAMIC_AXES = {
+    "sequence": {0: "batch"},
+    "token": {0: "batch", 1: "sequence"},
+    "mask": {0: "batch", 1: "predictions"},
 }
+
+
+def read_pooling(checkpoint: Path) -> dict[str, object]:
+    """A sentence-transformers directory's pooling (1_Pooling/config.json) and whether it ends
+    in a Normalize module; mean pooling, normalised, where the directory says nothing."""
+    import json
+
+    config_path = checkpoint / "1_Pooling" / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    if config.get("pooling_mode_cls_token"):
+        mode = "cls"
+    elif config and not config.get("pooling_mode_mean_tokens"):
+        raise ExportError(f"{config_path}: only mean or CLS pooling is supported")
+    else:
+        mode = "mean"
+    modules_path = checkpoint / "modules.json"
+    modules = json.loads(modules_path.read_text()) if modules_path.is_file() else []
+    normalize = not modules or any(m.get("type", "").endswith("Normalize") for m in modules)
+    return {"mode": mode, "normalize": normalize}
 
 
 class ExportError(ValueError):
@@ -88,19 +120,24 @@ def resolve_tasks(
     return [t for t in TASKS if t in tasks]
 
 
+def output_axes(tasks: list[str]) -> dict[str, str]:
+    return {name: kind for t in tasks for name, kind in TASK_SPECS[t].outputs.items()}
+
+
 def graph_io(tasks: list[str]) -> tuple[list[str], list[str]]:
-    inputs = list(BASE_INPUTS) + ([MASK_POSITIONS] if "fill-mask" in tasks else [])
-    outputs = list(dict.fromkeys(o for t in tasks for o in TASK_OUTPUTS[t]))
-    return inputs, outputs
+    axes = output_axes(tasks)
+    inputs = list(BASE_INPUTS) + ([MASK_POSITIONS] if "mask" in axes.values() else [])
+    return inputs, list(axes)
 
 
 class TaskGraph(nn.Module):
     """Positional tensors in, the tasks' outputs out: the module `torch.onnx.export` traces."""
 
-    def __init__(self, model: BertPreTrainedModel, tasks: list[str]) -> None:
+    def __init__(self, model: BertPreTrainedModel, tasks: list[str], pooling: str = "mean") -> None:
         super().__init__()
         self.model = model
         self.tasks = tasks
+        self.pooling = pooling
         self.eval()  # an inference graph: the exporter restores this mode after tracing
 
     def forward(
@@ -123,6 +160,13 @@ class TaskGraph(nn.Module):
         if arch == "BertForQuestionAnswering":
             out = m(input_ids, attention_mask, token_type_ids)
             return out.start_logits, out.end_logits
+        if arch == "BertModel":  # embeddings: the last hidden states, pooled
+            sequence, _ = m.bert(input_ids, attention_mask, token_type_ids)  # (B, S, H)
+            if self.pooling == "cls":
+                return (sequence[:, 0],)
+            weights = attention_mask.unsqueeze(-1).to(sequence.dtype)  # (B, S, 1)
+            summed = (sequence * weights).sum(1)  # (B, H)
+            return (summed / weights.sum(1).clamp(min=1e-9),)
         return (m(input_ids, attention_mask, token_type_ids).logits,)
 
 
@@ -131,22 +175,22 @@ def example_inputs(tasks: list[str], batch: int = 2, seq: int = 8) -> tuple[Tens
     mask = torch.ones_like(ids)
     mask[-1, seq // 2 :] = 0
     args = [ids, mask, torch.zeros_like(ids)]
-    if "fill-mask" in tasks:
+    if MASK_POSITIONS in graph_io(tasks)[0]:
         args.append(torch.ones((batch, 2), dtype=torch.long))
     return tuple(args)
 
 
-def export_onnx(model: BertPreTrainedModel, tasks: list[str], path: Path) -> None:
+def export_onnx(
+    model: BertPreTrainedModel, tasks: list[str], path: Path, pooling: str = "mean"
+) -> None:
     """Trace with the TorchScript exporter: its graph is the one ONNX Runtime's BERT fusions
     recognise (Attention, SkipLayerNormalization, BiasGelu)."""
     inputs, outputs = graph_io(tasks)
     axes = {name: {0: "batch", 1: "sequence"} for name in BASE_INPUTS}
     if MASK_POSITIONS in inputs:
         axes[MASK_POSITIONS] = {0: "batch", 1: "predictions"}
-    axes |= {name: OUTPUT_AXES[name] for name in outputs}
-    if "logits" in outputs and "ner" in tasks:
-        axes["logits"] = {0: "batch", 1: "sequence"}
-    graph = TaskGraph(model, tasks)
+    axes |= {name: DYNAMIC_AXES[kind] for name, kind in output_axes(tasks).items()}
+    graph = TaskGraph(model, tasks, pooling)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
         torch.onnx.export(

@@ -16,30 +16,30 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.asgi import replaying
+from service.auth import PUBLIC_PATHS, check_key
+from service.docs import mount_docs
 from service.errors import (
+    HttpError,
+    InvalidInput,
+    MethodNotAllowed,
+    NotFound,
     Overloaded,
     ServiceError,
+    Unauthorized,
     error_response,
     internal_error_response,
     service_error_response,
     validation_error_response,
 )
-from service.fastpath import ROUTES as FAST_ROUTES
 from service.fastpath import FastPath
 from service.metrics import Metrics
 from service.routes import api, ops
 from service.settings import Settings
 from service.state import ServiceState
+from service.tasks import TASKS
 
 log = logging.getLogger("service.access")
-TASK_PATHS = {path: path.removeprefix("/") for path in FAST_ROUTES}  # "/classify": "classify"
-ENDPOINTS = {
-    *TASK_PATHS,
-    "/health/live",
-    "/health/ready",
-    "/metrics",
-    "/models",
-}
+ENDPOINTS = {*TASKS, "/health/live", "/health/ready", "/metrics", "/models"}
 
 
 class BodyLimit:
@@ -80,11 +80,13 @@ class BodyLimit:
 
 
 class RequestContext:
-    """X-Request-ID in and out, in-flight gauge, request counter and latency by endpoint, and one
-    JSON log line a request (id, endpoint, status, rows, tokens, queue and inference ms)."""
+    """X-Request-ID in and out, the API key (checked before a body is read), load shedding,
+    in-flight gauge, request counter and latency by endpoint, and one JSON log line a request
+    (id, endpoint, status, rows, tokens, queue and inference ms)."""
 
     def __init__(self, app: ASGIApp, state: ServiceState) -> None:
         self.app, self.state = app, state
+        self.keys = state.settings.keys()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -107,11 +109,16 @@ class RequestContext:
 
         metrics = self.state.metrics
         app = self.app
-        task = TASK_PATHS.get(scope["path"])
-        if task is not None and scope["method"] == "POST":
+        task = TASKS.get(scope["path"])
+        if self.keys and scope["path"] not in PUBLIC_PATHS:
+            try:  # before the body is read or parsed, on every path but the probes
+                check_key(self.keys, headers.get(b"authorization"))
+            except Unauthorized as exc:
+                app = service_error_response(exc, metrics)
+        if app is self.app and task is not None and scope["method"] == "POST":
             # Shed load before parsing and tokenising: under 5x overload, 429s that cost a full
             # request each left the event loop too little time for the work it had admitted.
-            busy = self.state.saturated(task)
+            busy = self.state.saturated(task.capability)
             if busy is not None:
                 refused = Overloaded(busy, headers={"Retry-After": "1"})
                 app = service_error_response(refused, metrics)
@@ -159,10 +166,13 @@ def create_app(settings: Settings) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
         description="BERT-class NLU behind a dynamic-batching queue on ONNX Runtime.",
+        docs_url=None,  # served from the package's own assets: mount_docs
+        redoc_url=None,
     )
     app.state.service = state
     app.include_router(api)
     app.include_router(ops)
+    mount_docs(app)
 
     @app.exception_handler(ServiceError)
     async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
@@ -174,11 +184,13 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        kind = {400: "invalid_input", 404: "not_found", 405: "method_not_allowed"}.get(
-            exc.status_code, "http"
-        )
-        status = 422 if exc.status_code == 400 else exc.status_code  # body parse errors
-        return error_response(status, kind, str(exc.detail), getattr(exc, "headers", None))
+        # Starlette's own errors (malformed body, unknown path, wrong method) as typed errors,
+        # so they are answered and counted as the service's are.
+        kind = {400: InvalidInput, 404: NotFound, 405: MethodNotAllowed}.get(exc.status_code)
+        error = (kind or HttpError)(str(exc.detail), getattr(exc, "headers", None))
+        if kind is None:
+            error.status = exc.status_code
+        return service_error_response(error, state.metrics)
 
     @app.exception_handler(Exception)
     async def bug(_: Request, exc: Exception) -> JSONResponse:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -68,7 +69,7 @@ class Batcher:
         backend: Backend,
         settings: Settings,
         metrics: Metrics,
-        per_token_outputs: tuple[str, ...],
+        output_axes: Mapping[str, str],
         pad_id: int,
         uses_positions: bool,
     ) -> None:
@@ -76,7 +77,7 @@ class Batcher:
         self.backend = backend
         self.settings = settings
         self.metrics = metrics
-        self.per_token = per_token_outputs
+        self.output_axes = output_axes  # bundle.json: how each output's rows are sliced
         self.pad_id = pad_id
         self.uses_positions = uses_positions
         self._items: list[_Item] = []
@@ -85,13 +86,13 @@ class Batcher:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self.restarts = 0
-        self.calls = 0  # model calls made: tests and the dead-worker check read it
         # Labelled children bound once: `labels()` costs a lock and a lookup on every call.
         self._dropped = {r: metrics.dropped.labels(name, r) for r in ("cancelled", "expired")}
         self._depth = metrics.queue_depth.labels(name)
         self._rows = metrics.batch_rows.labels(name)
         self._tokens = metrics.batch_tokens.labels(name)
         self._padding = metrics.padding.labels(name)
+        self._failed = metrics.failed_batches.labels(name)
         self._depth.set(0)
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -174,15 +175,16 @@ class Batcher:
             started = time.monotonic()
             try:
                 outputs = await loop.run_in_executor(self._executor, self.backend.run, feeds)
-            except Exception as exc:  # the backend's failure fails this batch only
+            except Exception:  # the backend's failure fails this batch only
+                # The error's text stays in the log: it may name files or memory addresses.
                 log.exception("model %s failed a batch of %d", self.name, len(batch))
-                self.metrics.errors.labels("backend").inc()
+                self._failed.inc()
                 for item in batch:
                     if not item.future.done():
-                        item.future.set_exception(BackendError(f"model {self.name} failed: {exc}"))
+                        item.future.set_exception(
+                            BackendError(f"model {self.name} failed (logged with the request id)")
+                        )
                 continue
-            finally:
-                self.calls += 1
             elapsed = time.monotonic() - started
             for i, item in enumerate(batch):
                 if item.future.done():
@@ -261,7 +263,7 @@ class Batcher:
     def _slice(
         self, outputs: dict[str, np.ndarray], i: int, length: int, row: Row
     ) -> dict[str, np.ndarray]:
-        return slice_outputs(outputs, i, length, row, self.per_token)
+        return slice_outputs(outputs, i, length, row, self.output_axes)
 
     def _fail_all(self, error: Exception) -> None:
         for item in self._items:
@@ -299,14 +301,17 @@ def pad_rows(
 
 
 def slice_outputs(
-    outputs: dict[str, np.ndarray], i: int, length: int, row: Row, per_token: tuple[str, ...]
+    outputs: dict[str, np.ndarray], i: int, length: int, row: Row, axes: Mapping[str, str]
 ) -> dict[str, np.ndarray]:
-    """Row i's share of a batch's outputs, padding removed."""
+    """Row i's share of a batch's outputs, padding removed, by each output's declared axes:
+    "sequence" (one value a row), "token" (one a position: the row's length), "mask" (one a
+    requested position: the row's mask_positions)."""
     out = {}
     for name, value in outputs.items():
-        if name in per_token:
+        kind = axes.get(name, "sequence")
+        if kind == "token":
             out[name] = value[i, :length]
-        elif name == "mlm_logits":
+        elif kind == "mask":
             out[name] = value[i, : 0 if row.mask_positions is None else len(row.mask_positions)]
         else:
             out[name] = value[i]

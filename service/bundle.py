@@ -12,21 +12,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-FORMAT_VERSION = 1
+# 2: each output declares its axes (`output_axes`), embeddings declare their `pooling`.
+FORMAT_VERSION = 2
 BUNDLE_FILE = "bundle.json"
-Task = Literal["fill-mask", "nsp", "classify", "ner", "qa"]
 Precision = Literal["fp32", "fp16", "int8"]
 BASE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 MASK_POSITIONS = "mask_positions"
-# The graph outputs each task reads.
-TASK_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "fill-mask": ("mlm_logits",),
-    "nsp": ("nsp_logits",),
-    "classify": ("logits",),
-    "ner": ("logits",),
-    "qa": ("start_logits", "end_logits"),
-}
-LABELLED_TASKS = ("classify", "ner")
+# How an output's batch rows are sliced back to one request's row: one value a sequence, one a
+# token (the row's length), or one a requested [MASK] position (the row's mask_positions).
+Axes = Literal["sequence", "token", "mask"]
 
 
 class BundleError(ValueError):
@@ -72,16 +66,26 @@ class SourceSpec(_Strict):
     init: InitSpec | None = None  # None: trained here from scratch
 
 
+class PoolingSpec(_Strict):
+    """How an embedding graph pools the encoder's last hidden states, and whether answers are
+    normalised to unit length when the request does not say."""
+
+    mode: Literal["mean", "cls"]
+    normalize: bool
+
+
 class BundleSpec(_Strict):
-    format_version: Literal[1]
+    format_version: Literal[2]
     name: str = Field(min_length=1)
-    tasks: list[Task] = Field(min_length=1)
+    tasks: list[str] = Field(min_length=1)  # what it serves; the service's registry checks them
     labels: list[str] | None = None  # id -> label name, for classify / ner
     max_seq_len: int = Field(ge=8)
     model_file: str = "model.onnx"
     tokenizer: TokenizerSpec
     inputs: list[str]
     outputs: list[str]
+    output_axes: dict[str, Axes]
+    pooling: PoolingSpec | None = None  # embeddings only
     precision: Precision
     opset: int
     architecture: ArchitectureSpec
@@ -99,14 +103,14 @@ class BundleSpec(_Strict):
     def _consistent(self) -> BundleSpec:
         if len(set(self.tasks)) != len(self.tasks):
             raise ValueError(f"tasks repeat: {self.tasks}")
-        needed_inputs = list(BASE_INPUTS) + ([MASK_POSITIONS] if "fill-mask" in self.tasks else [])
-        if self.inputs != needed_inputs:
-            raise ValueError(f"inputs {self.inputs} should be {needed_inputs} for {self.tasks}")
-        needed = list(dict.fromkeys(o for t in self.tasks for o in TASK_OUTPUTS[t]))
-        if sorted(self.outputs) != sorted(needed):
-            raise ValueError(f"outputs {self.outputs} should be {needed} for {self.tasks}")
-        if any(t in LABELLED_TASKS for t in self.tasks) and not self.labels:
-            raise ValueError(f"tasks {self.tasks} need labels")
+        if self.inputs[:3] != list(BASE_INPUTS) or self.inputs[3:] not in ([], [MASK_POSITIONS]):
+            raise ValueError(
+                f"inputs {self.inputs} should be {list(BASE_INPUTS)} (+ mask_positions)"
+            )
+        if sorted(self.output_axes) != sorted(self.outputs):
+            raise ValueError(f"output_axes {self.output_axes} should name each of {self.outputs}")
+        if "mask" in self.output_axes.values() and MASK_POSITIONS not in self.inputs:
+            raise ValueError("an output with 'mask' axes needs the mask_positions input")
         if self.max_seq_len > self.architecture.max_position_embeddings:
             raise ValueError(
                 f"max_seq_len {self.max_seq_len} exceeds the model's "
@@ -128,7 +132,7 @@ def load_bundle_spec(directory: str | Path) -> BundleSpec:
     if isinstance(data, dict) and data.get("format_version") != FORMAT_VERSION:
         raise BundleError(
             f"{path}: format_version {data.get('format_version')!r} is not "
-            f"{FORMAT_VERSION}; re-export the bundle with this version"
+            f"{FORMAT_VERSION}; re-export the bundle with this version (bertserve export)"
         )
     try:
         spec = BundleSpec.model_validate(data)

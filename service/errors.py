@@ -55,6 +55,34 @@ class BackendError(ServiceError):
     status, error_type = 500, "backend"
 
 
+class MethodNotAllowed(ServiceError):
+    status, error_type = 405, "method_not_allowed"
+
+
+class HttpError(ServiceError):
+    """Another status the HTTP layer answers with (set on the instance)."""
+
+    error_type = "http"
+
+
+class ClientGone(ServiceError):
+    """The client closed the connection before its answer was ready (nginx's 499)."""
+
+    status, error_type = 499, "client_closed"
+
+
+def error_types() -> tuple[str, ...]:
+    """Every error_type the service can answer with: derived from the classes, not listed."""
+    seen: list[str] = []
+    pending: list[type[ServiceError]] = [ServiceError]
+    while pending:
+        cls = pending.pop(0)
+        if cls.error_type not in seen:
+            seen.append(cls.error_type)
+        pending.extend(cls.__subclasses__())
+    return tuple(seen)
+
+
 def error_response(
     status: int, error_type: str, message: str, headers: dict[str, str] | None = None
 ) -> JSONResponse:

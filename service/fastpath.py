@@ -3,26 +3,22 @@ it: a JSON body, at most a `model` query parameter.
 
 FastAPI's routing, dependency solving and body handling were about a third of the event loop's
 time per request at saturation (docs/performance.md), and the event loop is what limits the
-service. This layer decodes and validates the body itself and calls the same route functions,
+service. This adapter decodes the JSON itself and calls the same `handle` as the FastAPI routes,
 so answers, errors and their messages are the same (tests/service/test_behaviour.py compares
 the two paths); anything unusual (another content type, an empty body or one that is not JSON,
-other query parameters) goes on to FastAPI unchanged. The OpenAPI schema still comes from the
-FastAPI routes.
+other query parameters) goes on to FastAPI unchanged. The API key was checked before the body
+was read, by the outermost middleware, for both paths alike.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any
 from urllib.parse import parse_qsl
 
-from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
-from starlette.responses import Response
+from pydantic import ValidationError
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service import routes, schemas
 from service.asgi import replaying
 from service.errors import (
     ServiceError,
@@ -30,16 +26,10 @@ from service.errors import (
     service_error_response,
     validation_error_response,
 )
+from service.handler import handle
 from service.state import ServiceState
+from service.tasks import TASKS
 
-Handler = Callable[[Any, Request, str | None], Awaitable[Response]]
-ROUTES: dict[str, tuple[type[BaseModel], Handler]] = {
-    "/fill-mask": (schemas.FillMaskRequest, routes.fill_mask),
-    "/classify": (schemas.ClassifyRequest, routes.classify),
-    "/ner": (schemas.NerRequest, routes.ner),
-    "/qa": (schemas.QaRequest, routes.qa),
-    "/nsp": (schemas.NspRequest, routes.nsp),
-}
 JSON_TYPES = (b"application/json", b"application/json; charset=utf-8")
 
 
@@ -48,8 +38,8 @@ class FastPath:
         self.app, self.state = app, state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = ROUTES.get(scope["path"]) if scope["type"] == "http" else None
-        if route is None or scope["method"] != "POST":
+        task = TASKS.get(scope["path"]) if scope["type"] == "http" else None
+        if task is None or scope["method"] != "POST":
             return await self.app(scope, receive, send)
         query = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
         content_type = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
@@ -60,23 +50,30 @@ class FastPath:
         replay = replaying(first, receive)
         if not body.strip() or len(query) > 1:
             return await self.app(scope, replay, send)
-        schema, handler = route
         try:
             data = json.loads(body)
-        except ValueError:  # not JSON, or not UTF-8: FastAPI words that error
-            return await self.app(scope, replay, send)
-        request = Request(scope, replay)
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep:
+            return await self.app(scope, replay, send)  # FastAPI words that error
+
+        async def disconnected() -> None:
+            while (await replay())["type"] != "http.disconnect":
+                pass
+
         response: Response
         try:
-            await routes.require_key(request)  # before validation, as FastAPI: no schema hints
-            try:
-                # Python mode on the decoded JSON, as FastAPI does: pydantic's JSON mode words
-                # some errors differently ("valid array" for "valid list").
-                parsed = schema.model_validate(data)
-            except ValidationError as exc:
-                response = validation_error_response(exc.errors(), self.state.metrics)
-                return await response(scope, replay, send)
-            response = await handler(parsed, request, query[0][1] if query else None)
+            # Python mode on the decoded JSON, as FastAPI does: pydantic's JSON mode words
+            # some errors differently ("valid array" for "valid list").
+            answer = await handle(
+                self.state,
+                task,
+                data,
+                query[0][1] if query else None,
+                scope.setdefault("state", {}),
+                disconnected,
+            )
+            response = JSONResponse(answer)
+        except ValidationError as exc:
+            response = validation_error_response(exc.errors(), self.state.metrics)
         except ServiceError as exc:
             response = service_error_response(exc, self.state.metrics)
         except Exception:

@@ -6,6 +6,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
+from service.errors import error_types
+
 LATENCY_BUCKETS = (
     0.0005,
     0.001,
@@ -24,18 +26,6 @@ LATENCY_BUCKETS = (
     30.0,
 )
 STAGES = ("queue", "tokenize", "inference", "postprocess")
-ERROR_TYPES = (
-    "invalid_input",
-    "too_large",
-    "unauthorized",
-    "not_found",
-    "overloaded",
-    "unavailable",
-    "timeout",
-    "backend",
-    "internal",
-    "client_closed",
-)
 
 
 class Metrics:
@@ -87,7 +77,18 @@ class Metrics:
             "bertserve_queue_depth", "Sequences waiting or running", ["model"], registry=r
         )
         self.in_flight = Gauge("bertserve_in_flight_requests", "Requests being handled", registry=r)
-        self.errors = Counter("bertserve_errors", "Errors by type", ["error_type"], registry=r)
+        self.errors = Counter(
+            "bertserve_errors",
+            "Error responses by type (one a request)",
+            ["error_type"],
+            registry=r,
+        )
+        self.failed_batches = Counter(
+            "bertserve_failed_batches",
+            "Model calls that raised (each fails its rows' requests, counted in errors)",
+            ["model"],
+            registry=r,
+        )
         self.dropped = Counter(
             "bertserve_dropped_rows",
             "Sequences dropped before compute (cancelled or expired)",
@@ -96,7 +97,7 @@ class Metrics:
         )
         self.model_info = Info("bertserve_model", "Served models", ["model"], registry=r)
         self.ready = Gauge("bertserve_ready", "1 when every model is loaded and warm", registry=r)
-        for error_type in ERROR_TYPES:  # export zeros, not absent series, before the first error
+        for error_type in error_types():  # export zeros, not absent series, before the first error
             self.errors.labels(error_type)
         # Children of the per-request series, bound on first use: `labels()` takes a lock and
         # builds a key on every call, and these are touched several times per request.

@@ -10,6 +10,9 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.auth import MIN_KEY_LENGTH
+from service.engine import EngineOptions
+
 KNOWN_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 
 
@@ -50,8 +53,11 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1_000_000, ge=1024)
     max_text_chars: int = Field(100_000, ge=16, description="longest text accepted at all")
     drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: time to finish admitted work")
-    api_key: SecretStr | None = Field(
-        None, description="bearer token; health and metrics stay open"
+    api_key: SecretStr | None = Field(None, description="one bearer token (see api_keys)")
+    api_keys: SecretStr | None = Field(
+        None,
+        description="comma-separated bearer tokens, any of which is accepted: rotate by adding "
+        "the new key, moving clients, then removing the old; health and /metrics stay open",
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     warmup: bool = True
@@ -76,13 +82,24 @@ class Settings(BaseSettings):
     def _consistent(self) -> Settings:
         if self.max_batch_tokens < self.max_batch_rows:
             raise ValueError("max_batch_tokens must be at least max_batch_rows")
+        short = [k for k in self.keys() if len(k) < MIN_KEY_LENGTH]
+        if short:
+            raise ValueError(
+                f"an API key has {len(short[0])} characters; use at least {MIN_KEY_LENGTH} "
+                "(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            )
         return self
+
+    def keys(self) -> tuple[bytes, ...]:
+        """Every accepted API key (BERTSERVE_API_KEY and BERTSERVE_API_KEYS together)."""
+        joined = ",".join(
+            s.get_secret_value() for s in (self.api_key, self.api_keys) if s is not None
+        )
+        return tuple(k.strip().encode() for k in joined.split(",") if k.strip())
 
     @property
     def threads(self) -> int:
         return self.intra_op_threads or os.cpu_count() or 1
 
-    def provider_list(self, available: list[str]) -> list[str]:
-        if self.providers == "auto":
-            return [p for p in KNOWN_PROVIDERS if p in available]
-        return self.providers.split(",")
+    def engine_options(self) -> EngineOptions:
+        return EngineOptions(self.providers, self.threads, self.intra_op_spinning, self.require_gpu)

@@ -16,10 +16,24 @@ from service.engine import Engine
 from service.errors import NotFound, NotReady
 from service.metrics import Metrics
 from service.settings import Settings
+from service.tasks import CAPABILITIES
 from service.tasks.common import TaskContext
 
 log = logging.getLogger(__name__)
-PER_TOKEN = {"ner": ("logits",), "qa": ("start_logits", "end_logits")}
+
+
+def check_serves(directory: Path, spec: BundleSpec) -> None:
+    """Every task the bundle declares is one an endpoint serves, with the outputs it reads."""
+    for task in spec.tasks:
+        reads = CAPABILITIES.get(task)
+        if reads is None:
+            raise BundleError(
+                f"{directory / BUNDLE_FILE}: task {task!r} is served by no endpoint; "
+                f"known: {sorted(CAPABILITIES)}"
+            )
+        missing = sorted(reads - set(spec.outputs))
+        if missing:
+            raise BundleError(f"{directory / BUNDLE_FILE}: {task} needs the outputs {missing}")
 
 
 @dataclass
@@ -37,6 +51,7 @@ class ServiceState:
     metrics: Metrics
     models: dict[str, Model] = field(default_factory=dict)
     warmed: bool = False
+    failed: str | None = None  # why start-up failed after the server bound: liveness says so
     draining: bool = False
     in_flight: int = 0
     defaults: dict[str, Model] = field(default_factory=dict)  # task -> the model without ?model=
@@ -95,15 +110,19 @@ class ServiceState:
             raise BundleError(f"{root}: no bundles (no */{BUNDLE_FILE})")
         for directory in dirs:
             spec = load_bundle_spec(directory)
-            engine = Engine(directory, spec, self.settings)
+            check_serves(directory, spec)
+            if spec.name in self.models:
+                raise BundleError(
+                    f"{directory / BUNDLE_FILE}: name {spec.name!r} is taken by another bundle"
+                )
+            engine = Engine(directory, spec, self.settings.engine_options())
             ctx = TaskContext.load(directory, spec, self.settings.max_text_chars)
-            per_token = next((PER_TOKEN[t] for t in spec.tasks if t in PER_TOKEN), ())
             batcher = Batcher(
                 spec.name,
                 engine,
                 self.settings,
                 self.metrics,
-                per_token,
+                spec.output_axes,
                 spec.tokenizer.pad_id,
                 "mask_positions" in spec.inputs,
             )
@@ -160,8 +179,11 @@ class ServiceState:
         try:
             if self.settings.warmup:
                 await asyncio.to_thread(self.warm_up)
-        except Exception:
-            log.exception("warm-up failed: the service stays not ready")
+        except Exception as exc:
+            # A model that cannot run its warm-up shapes will not serve: say so on liveness,
+            # so Kubernetes restarts the pod instead of keeping a process that is never ready.
+            log.exception("warm-up failed: liveness now fails")
+            self.failed = f"warm-up failed: {type(exc).__name__}"
             return
         self.warmed = True
         self.metrics.ready.set(1)

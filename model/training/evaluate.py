@@ -14,6 +14,7 @@ that serves requests), on ONNX Runtime, without HTTP: what is measured is what i
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -25,24 +26,21 @@ from model.training.data.wikipedia import is_heldout, read_documents
 from model.training.metrics import accuracy, entity_f1, squad_scores
 from service.batching import Row, RowResult, pad_rows, slice_outputs
 from service.bundle import load_bundle_spec
-from service.engine import Engine
+from service.engine import Engine, EngineOptions
 from service.errors import ServiceError
-from service.schemas import NerParams, QaParams
-from service.settings import Settings
-from service.state import PER_TOKEN
 from service.tasks import classify, fill_mask, ner, nsp, qa
-from service.tasks.common import TaskContext
+from service.tasks.common import Task, TaskContext
 
 
 class BundleRunner:
-    """A bundle's ONNX Runtime session and task context, fed in length-sorted batches."""
+    """A bundle's ONNX Runtime session and task context, fed in length-sorted batches: the
+    evaluation's backend in place of the service's batcher."""
 
     def __init__(self, directory: Path, batch_size: int = 64) -> None:
         self.spec = load_bundle_spec(directory)
-        settings = Settings(bundles=directory.parent, providers="CPUExecutionProvider")
-        self.engine = Engine(directory, self.spec, settings)
+        options = EngineOptions("CPUExecutionProvider", threads=os.cpu_count() or 1)
+        self.engine = Engine(directory, self.spec, options)
         self.ctx = TaskContext.load(directory, self.spec, max_text_chars=1_000_000)
-        self.per_token = next((PER_TOKEN[t] for t in self.spec.tasks if t in PER_TOKEN), ())
         self.batch_size = batch_size
 
     def run(self, rows: list[Row], desc: str = "") -> list[RowResult]:
@@ -57,16 +55,23 @@ class BundleRunner:
             outputs = self.engine.run(feeds)
             for j, i in enumerate(chunk):
                 results[i] = RowResult(
-                    slice_outputs(outputs, j, lengths[j], rows[i], self.per_token), 0.0, 0.0
+                    slice_outputs(outputs, j, lengths[j], rows[i], self.spec.output_axes), 0.0, 0.0
                 )
         return [r for r in results if r is not None]
+
+
+def run_task(runner: BundleRunner, task: Task, items: list[Any], request: Any) -> list[Any]:
+    """One request's worth of items through the task's own prepare and finish."""
+    rows, prepared = task.prepare(runner.ctx, items, request)
+    return task.finish(runner.ctx, prepared, runner.run(rows, task.capability), request)
 
 
 def evaluate_classify(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
     reader = data.read_trec if (data_dir / "train.txt").is_file() else data.read_sst2
     examples = reader(data_dir, "dev")
-    rows = classify.preprocess(runner.ctx, [e.text for e in examples], truncate=True)
-    predictions = classify.postprocess(runner.ctx, runner.run(rows, "classify"), 1, None)
+    texts = [e.text for e in examples]
+    request = classify.ClassifyRequest(inputs=texts, parameters={"truncation": True})
+    predictions = run_task(runner, classify.TASK, texts, request)
     return {
         "accuracy": accuracy([e.label for e in examples], [p[0]["label"] for p in predictions]),
         "examples": len(examples),
@@ -92,46 +97,33 @@ def word_tags(words: list[str], entities: list[dict]) -> list[str]:
 def evaluate_ner(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
     sentences = data.read_conll(data_dir, "test")
     texts = [" ".join(s.words) for s in sentences]
-    p = NerParams()  # the service's defaults: what is measured is what a plain request gets
-    inputs, rows = ner.preprocess(runner.ctx, texts, stride=p.stride)
-    entities = ner.postprocess(
-        runner.ctx, inputs, runner.run(rows, "ner"), p.aggregation_strategy, p.ignore_labels
-    )
+    # The service's default parameters: what is measured is what a plain request gets.
+    entities = run_task(runner, ner.TASK, texts, ner.NerRequest(inputs=texts))
     predicted = [word_tags(s.words, e) for s, e in zip(sentences, entities, strict=True)]
     return entity_f1([s.tags for s in sentences], predicted) | {"data": "CoNLL-2003 eng.testb"}
 
 
 def evaluate_qa(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
     examples = data.read_squad(data_dir, "dev")
-    p = QaParams()  # the service's defaults (max_answer_len 15, doc_stride 128, ...)
+    # The service's defaults (max_answer_len 15, doc_stride 128, ...), one request a question
+    # so that a refused one (a question over 64 tokens) is scored as an empty answer.
+    request = qa.QaRequest(inputs=[{"question": "?", "context": "?"}])
     inputs, rows, kept = [], [], []
     for example in examples:
+        item = qa.QaInput(question=example.question, context=example.context)
         try:
-            item, item_rows = qa.preprocess(
-                runner.ctx,
-                [(example.question, example.context)],
-                p.max_seq_len,
-                p.doc_stride,
-                p.max_question_len,
-            )
-        except ServiceError:  # e.g. a question over 64 tokens: scored as an empty answer
+            item_rows, prepared = qa.TASK.prepare(runner.ctx, [item], request)
+        except ServiceError:
             kept.append(None)
             continue
         kept.append(len(inputs))
-        inputs.extend(item)
+        inputs.extend(prepared)
         rows.extend(item_rows)
-    answers = qa.postprocess(
-        runner.ctx,
-        inputs,
-        runner.run(rows, "qa"),
-        p.top_k,
-        p.max_answer_len,
-        p.handle_impossible_answer,
-    )
+    answers = qa.TASK.finish(runner.ctx, inputs, runner.run(rows, "qa"), request)
     predictions = [answers[k]["answer"] if k is not None else "" for k in kept]  # type: ignore[index]
     return squad_scores(predictions, [e.answers for e in examples]) | {
         "data": "SQuAD v1.1 dev",
-        "parameters": p.model_dump(),
+        "parameters": request.parameters.model_dump(),
         "refused": kept.count(None),
     }
 
@@ -158,8 +150,9 @@ def evaluate_nsp(
             other = rng.choice([d for d in range(len(docs)) if d != doc])
             texts.append((docs[doc][i], rng.choice(docs[other])))
             gold.append(False)
-    rows = nsp.preprocess(runner.ctx, texts, truncate=True)
-    predicted = [r["is_next"] for r in nsp.postprocess(runner.run(rows, "nsp"))]
+    pairs = [nsp.NspInput(text=a, text_pair=b) for a, b in texts]
+    request = nsp.NspRequest(inputs=pairs, parameters={"truncation": True})
+    predicted = [r["is_next"] for r in run_task(runner, nsp.TASK, pairs, request)]
     return {
         "nsp_accuracy": accuracy(gold, predicted),
         "pairs": pairs,
@@ -195,8 +188,8 @@ def evaluate_mlm(
         if len(texts) >= sentences:
             break
     texts, gold = texts[:sentences], gold[:sentences]
-    rows = fill_mask.preprocess(runner.ctx, texts, truncate=True)
-    outputs = fill_mask.postprocess(runner.ctx, rows, runner.run(rows, "mlm"), 1, None)
+    request = fill_mask.FillMaskRequest(inputs=texts, parameters={"top_k": 1, "truncation": True})
+    outputs = run_task(runner, fill_mask.TASK, texts, request)
     predicted = [o[0]["token_str"] for o in outputs]  # type: ignore[index]
     return {
         "mlm_word_accuracy": accuracy(gold, predicted),

@@ -1,2 +1,30 @@
-"""One module per task: preprocessing (tokenise, validate, window) and postprocessing (decode),
-numpy only. Evaluation of an exported bundle runs through exactly this code."""
+"""The task registry: every endpoint the service answers, by path.
+
+A task is one module with a `Task` subclass (service/tasks/common.py): its request schema,
+`prepare` (tokenise, windows) and `finish` (decode). The HTTP routes, the fast path, the
+handler and evaluation are generated from or driven by this table; nothing else names a task.
+"""
+
+from __future__ import annotations
+
+from service.tasks import classify, embed, fill_mask, ner, nsp, qa
+from service.tasks.common import Task
+
+TASKS: dict[str, Task] = {
+    t.path: t
+    for t in (
+        fill_mask.TASK,
+        classify.TASK,
+        ner.TASK,
+        qa.TASK,
+        nsp.TASK,
+        embed.EMBED,
+        embed.OPENAI_EMBEDDINGS,
+    )
+}
+# The bundle tasks (bundle.json "tasks") some endpoint serves, and the outputs each reads.
+CAPABILITIES: dict[str, set[str]] = {}
+for _task in TASKS.values():
+    CAPABILITIES.setdefault(_task.capability, set()).update(_task.reads)
+
+__all__ = ["CAPABILITIES", "TASKS", "Task"]

@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Any, Literal
+
 import numpy as np
+from pydantic import BaseModel, Field
 
 from service.batching import Row, RowResult
-from service.tasks.common import TaskContext, row, sigmoid, softmax
+from service.schemas import Params, Request, Text
+from service.tasks.common import Task, TaskContext, row, sigmoid, softmax
+
+
+class ClassifyParams(Params):
+    top_k: int | None = Field(1, ge=1, description="labels per input; null for all")
+    function_to_apply: Literal["softmax", "sigmoid", "none"] | None = None
+    truncation: bool = False
+
+
+class ClassifyRequest(Request):
+    inputs: Text | Annotated[list[Text], Field(min_length=1)]
+    parameters: ClassifyParams = ClassifyParams()
+
+
+class LabelScore(BaseModel):
+    label: str
+    score: float
 
 
 def preprocess(ctx: TaskContext, texts: list[str], truncate: bool) -> list[Row]:
@@ -30,3 +50,26 @@ def postprocess(
         order = np.argsort(-scores, kind="stable")[: top_k or len(labels)]
         out.append([{"label": labels[i], "score": float(scores[i])} for i in order])
     return out
+
+
+class Classify(Task):
+    path = "/classify"
+    capability = "classify"
+    reads = ("logits",)
+    request = ClassifyRequest
+    response = list[LabelScore] | list[list[LabelScore]]
+    summary = "Label each text (sentiment with the shipped models)"
+
+    def prepare(
+        self, ctx: TaskContext, items: list[Any], request: ClassifyRequest
+    ) -> tuple[list[Row], None]:
+        return preprocess(ctx, items, request.parameters.truncation), None
+
+    def finish(
+        self, ctx: TaskContext, prepared: None, results: list[RowResult], request: ClassifyRequest
+    ) -> list[Any]:
+        p = request.parameters
+        return postprocess(ctx, results, p.top_k, p.function_to_apply)
+
+
+TASK = Classify()

@@ -1,16 +1,62 @@
-"""What every task shares: the bundle's tokenizer, text validation, rows, and softmax."""
+"""What every task shares: the `Task` interface of the registry, the bundle's tokenizer, text
+validation, rows, and softmax."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
+from pydantic import BaseModel
 from tokenizers import Encoding, Tokenizer
 
-from service.batching import Row
+from service.batching import Row, RowResult
 from service.bundle import BundleSpec
 from service.errors import InvalidInput, TooLarge
+
+
+class Task:
+    """One endpoint of the registry (service/tasks/__init__.py): its request schema, how a
+    request becomes rows for the model (`prepare`) and how the rows' outputs become the answer
+    (`finish`, then `respond`). The handler, the HTTP adapters and evaluation call these and
+    know nothing else of a task; a new task is a module with one subclass."""
+
+    path: ClassVar[str]  # the HTTP path, e.g. "/classify"
+    capability: ClassVar[str]  # the bundle task that serves it (bundle.json "tasks")
+    reads: ClassVar[tuple[str, ...]]  # the graph outputs it needs
+    request: ClassVar[type[BaseModel]]
+    response: ClassVar[Any]  # the OpenAPI response model
+    summary: ClassVar[str]
+    # A model named in the body (OpenAI's "model") that serves nothing here falls back to the
+    # default instead of a 404: clients send their provider's model names.
+    lenient_model_name: ClassVar[bool] = False
+
+    def model_name(self, request: Any) -> str | None:
+        """A model the body asks for (`?model=` wins over it)."""
+        return None
+
+    def inputs(self, request: Any) -> tuple[list[Any], bool]:
+        """The request's items, and whether one was sent bare (answered bare)."""
+        items = request.inputs
+        single = not isinstance(items, list)
+        return ([items] if single else list(items)), single
+
+    def prepare(self, ctx: TaskContext, items: list[Any], request: Any) -> tuple[list[Row], Any]:
+        """Rows for the model, and what `finish` needs besides their outputs."""
+        raise NotImplementedError
+
+    def finish(
+        self, ctx: TaskContext, prepared: Any, results: list[RowResult], request: Any
+    ) -> list[Any]:
+        """One answer per item."""
+        raise NotImplementedError
+
+    def respond(
+        self, answers: list[Any], single: bool, request: Any, rows: list[Row], model: str
+    ) -> Any:
+        """The response body."""
+        return answers[0] if single else answers
 
 
 @dataclass

@@ -3,11 +3,37 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 import numpy as np
+from pydantic import BaseModel, Field
 
 from service.batching import Row, RowResult
 from service.errors import InvalidInput
-from service.tasks.common import TaskContext, row, softmax
+from service.schemas import Params, Request
+from service.tasks.common import Task, TaskContext, row, softmax
+
+MaskedText = Annotated[
+    str, Field(min_length=6, pattern=r"\[MASK\]", description="contains at least one [MASK]")
+]
+
+
+class FillMaskParams(Params):
+    top_k: int = Field(5, ge=1, le=100)
+    targets: list[str] | None = Field(None, min_length=1, max_length=1000)
+    truncation: bool = False
+
+
+class FillMaskRequest(Request):
+    inputs: MaskedText | Annotated[list[MaskedText], Field(min_length=1)]
+    parameters: FillMaskParams = FillMaskParams()
+
+
+class FillMaskItem(BaseModel):
+    score: float
+    token: int
+    token_str: str
+    sequence: str
 
 
 def target_ids(ctx: TaskContext, targets: list[str] | None) -> np.ndarray | None:
@@ -74,3 +100,32 @@ def postprocess(
             per_mask.append(items)
         out.append(per_mask[0] if single else per_mask)
     return out
+
+
+class FillMask(Task):
+    path = "/fill-mask"
+    capability = "fill-mask"
+    reads = ("mlm_logits",)
+    request = FillMaskRequest
+    response = list[FillMaskItem] | list[list[FillMaskItem]] | list[list[list[FillMaskItem]]]
+    summary = "The most likely tokens for each [MASK]"
+
+    def prepare(
+        self, ctx: TaskContext, items: list[str], request: FillMaskRequest
+    ) -> tuple[list[Row], tuple[list[Row], np.ndarray | None]]:
+        targets = target_ids(ctx, request.parameters.targets)
+        rows = preprocess(ctx, items, request.parameters.truncation)
+        return rows, (rows, targets)
+
+    def finish(
+        self,
+        ctx: TaskContext,
+        prepared: tuple[list[Row], np.ndarray | None],
+        results: list[RowResult],
+        request: FillMaskRequest,
+    ) -> list[Any]:
+        rows, targets = prepared
+        return postprocess(ctx, rows, results, request.parameters.top_k, targets)
+
+
+TASK = FillMask()

@@ -2,10 +2,34 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.batching import Row, RowResult
-from service.tasks.common import TaskContext, row, softmax
+from service.schemas import Params, Request, Text
+from service.tasks.common import Task, TaskContext, row, softmax
+
+
+class NspInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: Text
+    text_pair: Text
+
+
+class NspParams(Params):
+    truncation: bool = False
+
+
+class NspRequest(Request):
+    inputs: NspInput | Annotated[list[NspInput], Field(min_length=1)]
+    parameters: NspParams = NspParams()
+
+
+class NspResult(BaseModel):
+    is_next: bool
+    score: float = Field(description="probability that text_pair follows text")
 
 
 def preprocess(ctx: TaskContext, pairs: list[tuple[str, str]], truncate: bool) -> list[Row]:
@@ -22,3 +46,26 @@ def postprocess(results: list[RowResult]) -> list[dict]:
         p_next = float(softmax(result.outputs["nsp_logits"].astype(np.float64))[0])
         out.append({"is_next": p_next >= 0.5, "score": p_next})
     return out
+
+
+class Nsp(Task):
+    path = "/nsp"
+    capability = "nsp"
+    reads = ("nsp_logits",)
+    request = NspRequest
+    response = NspResult | list[NspResult]
+    summary = "Does text_pair follow text? (next-sentence prediction)"
+
+    def prepare(
+        self, ctx: TaskContext, items: list[NspInput], request: NspRequest
+    ) -> tuple[list[Row], None]:
+        pairs = [(i.text, i.text_pair) for i in items]
+        return preprocess(ctx, pairs, request.parameters.truncation), None
+
+    def finish(
+        self, ctx: TaskContext, prepared: None, results: list[RowResult], request: NspRequest
+    ) -> list[Any]:
+        return postprocess(results)
+
+
+TASK = Nsp()

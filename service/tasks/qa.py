@@ -9,18 +9,47 @@ inside the context, end >= start, at most `max_answer_len` tokens, and is widene
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Encoding
 
 from service.batching import Row, RowResult
 from service.errors import InvalidInput
-from service.tasks.common import TaskContext, row
+from service.schemas import Params, Request, Text
+from service.tasks.common import Task, TaskContext, row
+
+
+class QaInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    question: Text
+    context: Text
+
+
+class QaParams(Params):
+    top_k: int = Field(1, ge=1, le=100)
+    doc_stride: int = Field(128, ge=0)
+    max_answer_len: int = Field(15, ge=1)
+    max_seq_len: int = Field(384, ge=16)
+    max_question_len: int = Field(64, ge=1)
+    handle_impossible_answer: bool = False
+
+
+class QaRequest(Request):
+    inputs: QaInput | Annotated[list[QaInput], Field(min_length=1)]
+    parameters: QaParams = QaParams()
+
+
+class Answer(BaseModel):
+    answer: str
+    score: float
+    start: int
+    end: int
 
 
 @dataclass
-class QaInput:
+class QaWindows:
     context: str
     windows: list[Encoding]
 
@@ -31,10 +60,10 @@ def preprocess(
     max_seq_len: int,
     doc_stride: int,
     max_question_len: int,
-) -> tuple[list[QaInput], list[Row]]:
+) -> tuple[list[QaWindows], list[Row]]:
     max_seq_len = min(max_seq_len, ctx.max_len)
     tok = ctx.windowing
-    inputs: list[QaInput] = []
+    inputs: list[QaWindows] = []
     rows: list[Row] = []
     for question, context in pairs:
         ctx.check_text(question, "question")
@@ -54,7 +83,7 @@ def preprocess(
         tok.enable_truncation(max_seq_len, stride=stride, strategy="only_second")
         first = tok.encode(question, context)
         windows = [first, *first.overflowing]
-        inputs.append(QaInput(context, windows))
+        inputs.append(QaWindows(context, windows))
         rows.extend(row(w) for w in windows)
     return inputs, rows
 
@@ -111,7 +140,7 @@ def _decode_full(
 
 def postprocess(
     ctx: TaskContext,
-    inputs: list[QaInput],
+    inputs: list[QaWindows],
     results: list[RowResult],
     top_k: int,
     max_answer_len: int,
@@ -166,3 +195,39 @@ def word_span(enc: Encoding, s: int, e: int) -> tuple[int, int]:
         enc.word_to_chars(start_word, sequence_index=1)[0],
         enc.word_to_chars(end_word, sequence_index=1)[1],
     )
+
+
+class Qa(Task):
+    path = "/qa"
+    capability = "qa"
+    reads = ("start_logits", "end_logits")
+    request = QaRequest
+    response = Answer | list[Answer] | list[Answer | list[Answer]]
+    summary = "Extract the answer to a question from its context"
+
+    def prepare(
+        self, ctx: TaskContext, items: list[QaInput], request: QaRequest
+    ) -> tuple[list[Row], list[QaWindows]]:
+        p = request.parameters
+        if p.doc_stride >= p.max_seq_len:
+            raise InvalidInput(
+                f"doc_stride {p.doc_stride} must be below max_seq_len {p.max_seq_len}"
+            )
+        pairs = [(i.question, i.context) for i in items]
+        inputs, rows = preprocess(ctx, pairs, p.max_seq_len, p.doc_stride, p.max_question_len)
+        return rows, inputs
+
+    def finish(
+        self,
+        ctx: TaskContext,
+        prepared: list[QaWindows],
+        results: list[RowResult],
+        request: QaRequest,
+    ) -> list[Any]:
+        p = request.parameters
+        return postprocess(
+            ctx, prepared, results, p.top_k, p.max_answer_len, p.handle_impossible_answer
+        )
+
+
+TASK = Qa()

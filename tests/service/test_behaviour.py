@@ -191,12 +191,15 @@ def test_backend_failure_fails_only_its_batch(bundle_dir):
             failed = c.post("/classify", json={"inputs": "first"})
             ok = c.post("/classify", json={"inputs": "second"})
         assert failed.status_code == 500
+        # The backend's own text (paths, addresses) stays in the log, with the request id.
         assert failed.json() == {
-            "error": "model sentiment failed: injected backend failure",
+            "error": "model sentiment failed (logged with the request id)",
             "error_type": "backend",
         }
         assert ok.status_code == 200
-        assert metric(live, "bertserve_errors_total", error_type="backend") == 2  # loop + handler
+        # One failed request, one failed batch: each counted once, in its own series.
+        assert metric(live, "bertserve_errors_total", error_type="backend") == 1
+        assert metric(live, "bertserve_failed_batches_total", model="sentiment") == 1
 
 
 def test_stalled_backend_gives_504(bundle_dir):
@@ -375,21 +378,42 @@ def test_request_id_is_honoured_and_returned(server):
     assert set(body) == {"is_next", "score"} and body["is_next"] == (body["score"] >= 0.5)
 
 
-def test_bearer_auth_guards_the_api_not_health(bundle_dir):
-    with live_server(bundles=bundle_dir, api_key="s3cret") as live, live.client() as c:
+OLD_KEY, NEW_KEY = "old-key-0123456789abcdef", "new-key-0123456789abcdef"
+
+
+def test_bearer_auth_guards_everything_but_the_probes_and_metrics(bundle_dir):
+    """Two keys at once (rotation); checked before the body is read, on both paths, for the
+    API, /models and the docs alike; probes and /metrics stay open."""
+    keys = f"{OLD_KEY}, {NEW_KEY}"
+    with live_server(bundles=bundle_dir, api_keys=keys) as live, live.client() as c:
         assert c.post("/classify", json={"inputs": "x"}).status_code == 401
-        # An invalid body without the key is a 401 too, on both paths: no schema hints.
-        for content_type in ("application/json", "application/x-t+json"):
-            bad = c.post(
-                "/classify", content=b'{"inputs": 3}', headers={"content-type": content_type}
-            )
-            assert bad.status_code == 401, (content_type, bad.text)
-        wrong = c.post("/classify", json={"inputs": "x"}, headers={"authorization": "Bearer no"})
-        assert wrong.status_code == 401 and wrong.json()["error_type"] == "unauthorized"
-        ok = c.post("/classify", json={"inputs": "x"}, headers={"authorization": "Bearer s3cret"})
-        assert ok.status_code == 200
+        # A body that is invalid, not JSON, or nested 5,000 deep, without the key: 401,
+        # never a schema hint, a parse error or a 500.
+        for body in (b'{"inputs": 3}', b"{not json", b"[" * 5000):
+            for content_type in ("application/json", "application/x-t+json"):
+                bad = c.post("/classify", content=body, headers={"content-type": content_type})
+                assert bad.status_code == 401, (content_type, body[:10], bad.text)
+        for wrong in ("Bearer no", f"Bearer {OLD_KEY[:-1]}", f"Basic {OLD_KEY}", OLD_KEY):
+            response = c.post("/classify", json={"inputs": "x"}, headers={"authorization": wrong})
+            assert response.status_code == 401 and response.json()["error_type"] == "unauthorized"
+            assert response.headers["www-authenticate"] == "Bearer"
+        for key in (OLD_KEY, NEW_KEY):
+            auth = {"authorization": f"Bearer {key}"}
+            assert c.post("/classify", json={"inputs": "x"}, headers=auth).status_code == 200
+            for path in ("/models", "/docs", "/openapi.json"):
+                assert c.get(path).status_code == 401, path
+                assert c.get(path, headers=auth).status_code == 200, path
         for path in ("/health/live", "/health/ready", "/metrics"):
             assert c.get(path).status_code == 200
+
+
+def test_short_api_keys_are_refused_at_start(bundle_dir):
+    from pydantic import ValidationError
+
+    from service.settings import Settings
+
+    with pytest.raises(ValidationError, match="at least 16"):
+        Settings(bundles=bundle_dir, api_keys=f"{NEW_KEY},s3cret")
 
 
 def test_models_and_metrics_describe_the_service(server):

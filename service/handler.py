@@ -1,0 +1,98 @@
+"""`handle`: one request of one task, from its body to its answer, with no web framework.
+
+validate -> pick the model -> prepare (tokenise, windows) -> bound the work -> submit to the
+model's batcher -> finish (decode) -> respond, timing each stage. The FastAPI routes and the
+fast path are thin adapters over it (service/routes.py, service/fastpath.py); evaluation calls
+the same task code with its own backend (model/training/evaluate.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import BaseModel
+
+from service.batching import Row, RowResult
+from service.errors import ClientGone, InvalidInput, TooLarge
+from service.state import Model, ServiceState
+from service.tasks import Task
+
+Disconnected = Callable[[], Awaitable[None]]  # completes when the client goes away
+
+
+async def handle(
+    state: ServiceState,
+    task: Task,
+    body: BaseModel | Any,
+    model_name: str | None,
+    stats: dict[str, Any],
+    disconnected: Disconnected | None = None,
+) -> Any:
+    """The answer to one request; raises a ServiceError (or pydantic's ValidationError, for a
+    body that is not a `task.request`) for anything else. `stats` receives what the access log
+    reports: model, rows, tokens, queue_ms, inference_ms."""
+    request = body if isinstance(body, task.request) else task.request.model_validate(body)
+    model = pick_model(state, task, request, model_name)
+    items, single = task.inputs(request)
+    settings = state.settings
+    if not items:
+        raise InvalidInput("inputs is an empty list")
+    if len(items) > settings.max_client_batch:
+        raise TooLarge(
+            f"{len(items)} inputs in one request; the limit is {settings.max_client_batch}"
+        )
+    stage = state.metrics.stages(task.path)
+    t0 = time.perf_counter()
+    rows, prepared = task.prepare(model.ctx, items, request)
+    t1 = time.perf_counter()
+    limit = min(settings.max_request_rows, settings.max_queue_rows)  # more could never be admitted
+    if len(rows) > limit:  # a 100,000-token text: refused before it is queued or computed
+        raise TooLarge(
+            f"the input needs {len(rows)} sequences of up to {model.ctx.max_len} tokens; one "
+            f"request may use {limit}. Send a shorter text or fewer inputs"
+        )
+    stats.update(model=model.name, rows=len(rows), tokens=sum(len(r) for r in rows))
+    results = await submit(model, rows, disconnected)
+    t2 = time.perf_counter()
+    answers = task.finish(model.ctx, prepared, results, request)
+    body_out = task.respond(answers, single, request, rows, model.name)
+    t3 = time.perf_counter()
+    # The request waited for its slowest row: that is its queue and inference time, in the
+    # stage histograms and in the access log alike.
+    queue_s = max((r.queue_s for r in results), default=0.0)
+    inference_s = max((r.inference_s for r in results), default=0.0)
+    stats.update(queue_ms=1000 * queue_s, inference_ms=1000 * inference_s)
+    stage["tokenize"].observe(t1 - t0)
+    stage["queue"].observe(queue_s)
+    stage["inference"].observe(inference_s)
+    stage["postprocess"].observe(t3 - t2)
+    return body_out
+
+
+def pick_model(state: ServiceState, task: Task, request: Any, query_name: str | None) -> Model:
+    name = query_name or task.model_name(request)
+    if name is not None and query_name is None and task.lenient_model_name:
+        served = state.serving().get(task.capability, [])
+        name = name if name in served else None
+    return state.model_for(task.capability, name)
+
+
+async def submit(
+    model: Model, rows: list[Row], disconnected: Disconnected | None
+) -> list[RowResult]:
+    """Queue the rows; if the client goes away first, cancel them (they cost no compute)."""
+    if disconnected is None:
+        return await model.batcher.submit(rows)
+    job = asyncio.ensure_future(model.batcher.submit(rows))
+    gone = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({job, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not job.done():
+        job.cancel()
+        raise ClientGone("client closed the connection")
+    return job.result()
