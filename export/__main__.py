@@ -58,7 +58,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
             help="fill-mask, nsp, classify, ner or qa (comma-separated for several)",
         )
         parser.add_argument("--out", required=True, type=Path, help="bundle directory to write")
-        parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8"])
+        parser.add_argument(
+            "--precision",
+            default="fp32",
+            choices=["fp32", "fp16-weights", "fp16", "int8"],
+            help="fp16-weights: half the file, fp32 arithmetic; fp16: for GPUs; int8: for CPUs",
+        )
         parser.add_argument("--max-seq-len", type=int, default=None)
         parser.add_argument(
             "--eval-data",

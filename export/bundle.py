@@ -28,6 +28,7 @@ from export.graph import (
     read_pooling,
     resolve_tasks,
     to_fp16,
+    to_fp16_weights,
     to_int8,
 )
 from export.parity import (
@@ -40,7 +41,7 @@ from export.parity import (
 )
 from model.checkpoint import load_model, read_config, read_state_dict, sha256, weights_path
 from model.heads import BertPreTrainedModel
-from model.sources import read_provenance
+from model.sources import read_provenance, resolve_init
 from model.tokenizer import BertTokenizer
 from service.bundle import FORMAT_VERSION, BundleSpec, load_bundle_spec
 
@@ -159,8 +160,10 @@ def build_bundle(
     force: bool = False,
     command: str | None = None,
 ) -> BundleSpec:
-    if not checkpoint.is_dir():
-        raise ValueError(f"--checkpoint {checkpoint} is not a directory")
+    given = str(checkpoint)
+    provenance = read_provenance(checkpoint) if checkpoint.is_dir() else None
+    if not checkpoint.is_dir():  # an installed package that ships a checkpoint
+        checkpoint, provenance = resolve_init(given)
     config = read_config(checkpoint)
     tokenizer = BertTokenizer.load(checkpoint)
     if tokenizer.vocab_size > config.vocab_size:
@@ -194,7 +197,8 @@ def build_bundle(
         final = work / "fp32.onnx"
         if precision != "fp32":
             final = work / f"{precision}.onnx"
-            (to_fp16 if precision == "fp16" else to_int8)(work / "fp32.onnx", final)
+            convert = {"fp16": to_fp16, "fp16-weights": to_fp16_weights, "int8": to_int8}
+            convert[precision](work / "fp32.onnx", final)
             if eval_data is None:
                 problem = "not measured: give --eval-data (a TSV of real text)"
             else:
@@ -253,10 +257,10 @@ def build_bundle(
             },
             fused_nodes=fused,
             source={
-                "checkpoint": str(checkpoint),
+                "checkpoint": given,
                 "sha256": sha256(weights_path(checkpoint)),
                 "architecture": model.architecture,
-                "init": (p.to_dict() if (p := read_provenance(checkpoint)) else None),
+                "init": provenance.to_dict() if provenance else None,
             },
             variant_accuracy=accuracy,
             metrics=metrics or {},
@@ -307,7 +311,9 @@ def verify(directory: Path) -> dict[str, Any]:
     }
     source = Path(spec.source.checkpoint)
     try:
-        same = source.is_dir() and sha256(weights_path(source)) == spec.source.sha256
+        if not source.is_dir():  # exported from an installed package
+            source = resolve_init(spec.source.checkpoint)[0]
+        same = sha256(weights_path(source)) == spec.source.sha256
     except ValueError:
         same = False
     if not same:

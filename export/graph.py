@@ -252,6 +252,35 @@ def to_fp16(src: Path, dst: Path) -> None:
     model.save_model_to_file(str(dst))
 
 
+def to_fp16_weights(src: Path, dst: Path, min_size: int = 4096) -> None:
+    """Weights stored in float16, arithmetic in float32: each large float initializer becomes a
+    float16 one plus a Cast, which ONNX Runtime folds back to float32 when it loads the graph.
+    Half the file, the speed and (nearly) the answers of fp32, on any provider."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(str(src))
+    graph = model.graph
+    casts = []
+    for init in list(graph.initializer):
+        if init.data_type != TensorProto.FLOAT or int(np.prod(init.dims)) < min_size:
+            continue
+        half = numpy_helper.from_array(
+            numpy_helper.to_array(init).astype(np.float16), f"{init.name}_fp16"
+        )
+        graph.initializer.remove(init)
+        graph.initializer.append(half)
+        casts.append(
+            helper.make_node(
+                "Cast", [half.name], [init.name], to=TensorProto.FLOAT, name=f"{init.name}_cast"
+            )
+        )
+    for node in reversed(casts):
+        graph.node.insert(0, node)
+    onnx.save(model, str(dst))
+
+
 def to_int8(src: Path, dst: Path) -> None:
     """Dynamic int8 quantisation of the weights (activations quantised at run time): for CPU."""
     import onnx

@@ -16,8 +16,10 @@ import torch
 from model.tokenizer import BertTokenizer
 
 # Largest |torch - ONNX Runtime| accepted per precision on logits, and the least top-1 agreement.
-TOLERANCE = {"fp32": 1e-4, "fp16": 5e-2, "int8": 0.5}
-MIN_AGREEMENT = {"fp32": 1.0, "fp16": 0.99, "int8": 0.95}
+# fp16-weights: fp32 arithmetic on weights rounded to fp16 (measured on all-MiniLM-L6-v2
+# embeddings: max |diff| 4e-4, cosine 0.9999998).
+TOLERANCE = {"fp32": 1e-4, "fp16-weights": 5e-3, "fp16": 5e-2, "int8": 0.5}
+MIN_AGREEMENT = {"fp32": 1.0, "fp16-weights": 0.99, "fp16": 0.99, "int8": 0.95}
 
 
 def sample_feeds(
