@@ -43,7 +43,13 @@ from model.checkpoint import load_model, read_config, read_state_dict, sha256, w
 from model.heads import BertPreTrainedModel
 from model.sources import read_provenance, resolve_init
 from model.tokenizer import BertTokenizer
-from service.bundle import FORMAT_VERSION, BundleSpec, load_bundle_spec
+from service.bundle import (
+    FORMAT_VERSION,
+    BundleError,
+    BundleSpec,
+    check_model_file,
+    load_bundle_spec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +230,8 @@ def build_bundle(
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         shutil.copyfile(final, staging / "model.onnx")
+        if final != work / "fp32.onnx":  # the variant's own parity with torch, recorded
+            check = torch_parity(model, tasks, tokenizer, final, inputs, outputs, max_len, pooling)
         tokenizer.tokenizer.save(str(staging / "tokenizer.json"))
         spec = BundleSpec(
             format_version=FORMAT_VERSION,
@@ -247,6 +255,8 @@ def build_bundle(
             output_axes=output_axes(tasks),
             pooling=pooling,
             precision=precision,
+            model_sha256=sha256(staging / "model.onnx"),
+            export_parity=check | {"tolerance": TOLERANCE[precision]},
             opset=OPSET,
             architecture={
                 "layers": config.num_hidden_layers,
@@ -283,6 +293,10 @@ def verify(directory: Path) -> dict[str, Any]:
 
     spec = load_bundle_spec(directory)
     try:
+        check_model_file(directory, spec)
+    except BundleError as exc:
+        raise ValueError(str(exc)) from exc
+    try:
         session = ort.InferenceSession(
             str(directory / spec.model_file), providers=["CPUExecutionProvider"]
         )
@@ -316,8 +330,9 @@ def verify(directory: Path) -> dict[str, Any]:
         same = sha256(weights_path(source)) == spec.source.sha256
     except ValueError:
         same = False
-    if not same:
-        report["parity"] = f"skipped: source checkpoint {source} not at hand or changed"
+    if not same:  # the file is the exporter's (sha256 above): its parity then is recorded
+        report["parity"] = spec.export_parity or "not recorded: re-export the bundle"
+        report["parity_checked"] = "at export (source checkpoint not at hand)"
         return report
     model = load_model(source, spec.source.architecture).eval()
     tokenizer = BertTokenizer.from_file(directory / spec.tokenizer.file)

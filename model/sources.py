@@ -92,6 +92,8 @@ def resolve_init(spec: str) -> tuple[Path, Provenance]:
         recorded = read_provenance(directory)
         if recorded is not None:  # one of ours, trained from published weights: keep the root
             return directory, recorded
+    elif "/" in spec or spec.startswith("."):  # meant as a path, not a package name
+        raise CheckpointError(f"{spec} is not a directory")
     else:
         directory, origin = _package_checkpoint(spec.removeprefix(PACKAGE_PREFIX))
     card = _front_matter(directory / "README.md")

@@ -82,6 +82,7 @@ class BundleSpec(_Strict):
     labels: list[str] | None = None  # id -> label name, for classify / ner
     max_seq_len: int = Field(ge=8)
     model_file: str = "model.onnx"
+    model_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # the service refuses any other file
     tokenizer: TokenizerSpec
     inputs: list[str]
     outputs: list[str]
@@ -93,6 +94,7 @@ class BundleSpec(_Strict):
     fused_nodes: dict[str, int] = {}
     source: SourceSpec
     variant_accuracy: dict[str, Any] | None = None  # fp16/int8 against fp32 on real data
+    export_parity: dict[str, Any] | None = None  # torch vs this graph, checked at export
     metrics: dict[str, Any] = {}  # task evaluation of this bundle, if measured
     created_by: str
     created_at: str
@@ -141,7 +143,32 @@ def load_bundle_spec(directory: str | Path) -> BundleSpec:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "bundle"
         raise BundleError(f"{path}: {where}: {first['msg']}") from exc
+    root = directory.resolve()
     for name in (spec.model_file, spec.tokenizer.file):
-        if not (directory / name).is_file():
-            raise BundleError(f"{directory / name}: missing (named in {BUNDLE_FILE})")
+        path = directory / name
+        # Files a bundle names stay inside it: no absolute paths, no "..", no symlink out.
+        if (
+            Path(name).is_absolute()
+            or ".." in Path(name).parts
+            or not path.resolve().is_relative_to(root)
+        ):
+            raise BundleError(f"{path}: outside the bundle directory (named in {BUNDLE_FILE})")
+        if not path.is_file():
+            raise BundleError(f"{path}: missing (named in {BUNDLE_FILE})")
     return spec
+
+
+def check_model_file(directory: str | Path, spec: BundleSpec) -> None:
+    """The model file is the one the exporter wrote (its sha256 is in bundle.json)."""
+    import hashlib
+
+    path = Path(directory) / spec.model_file
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != spec.model_sha256:
+        raise BundleError(
+            f"{path}: sha256 {digest.hexdigest()[:12]}... is not the {spec.model_sha256[:12]}... "
+            f"that {BUNDLE_FILE} records: the file was changed or replaced; re-export it"
+        )

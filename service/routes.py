@@ -87,9 +87,14 @@ for _task in TASKS.values():
 ops = APIRouter()
 
 
-@ops.get("/health/live")
-async def live() -> dict[str, str]:
-    return {"status": "alive"}
+@ops.get("/health/live", responses={503: {"model": schemas.ErrorBody}})
+async def live(request: Request) -> Response:
+    """Fails once start-up has failed for good (a warm-up that raised), so that the
+    orchestrator restarts the process instead of keeping one that will never be ready."""
+    failed = state_of(request).failed
+    if failed is not None:
+        return JSONResponse({"error": f"not alive: {failed}", "error_type": "unavailable"}, 503)
+    return JSONResponse({"status": "alive"})
 
 
 @ops.get("/health/ready", responses={503: {"model": schemas.ErrorBody}})
@@ -100,7 +105,7 @@ async def ready(request: Request) -> Response:
     reason = (
         "draining"
         if state.draining
-        else "warming up"
+        else state.failed or "warming up"
         if not state.warmed
         else "a batching worker is down"
     )

@@ -11,7 +11,13 @@ from pathlib import Path
 import numpy as np
 
 from service.batching import Batcher
-from service.bundle import BUNDLE_FILE, BundleError, BundleSpec, load_bundle_spec
+from service.bundle import (
+    BUNDLE_FILE,
+    BundleError,
+    BundleSpec,
+    check_model_file,
+    load_bundle_spec,
+)
 from service.engine import Engine
 from service.errors import NotFound, NotReady
 from service.metrics import Metrics
@@ -110,6 +116,7 @@ class ServiceState:
             raise BundleError(f"{root}: no bundles (no */{BUNDLE_FILE})")
         for directory in dirs:
             spec = load_bundle_spec(directory)
+            check_model_file(directory, spec)
             check_serves(directory, spec)
             if spec.name in self.models:
                 raise BundleError(

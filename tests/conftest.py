@@ -12,6 +12,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# Google's bert-base-uncased vocab.txt (Apache-2.0; md5 64800d5d8528ce344256daf115d4965e): the
+# token-id parity tests need only this, so it ships with the tests.
+BERT_VOCAB = Path(__file__).resolve().parent / "fixtures" / "bert-base-uncased" / "vocab.txt"
 
 
 def shared_data(*parts: str) -> Path:

@@ -3,6 +3,7 @@ bundle.json, verify, and one-line errors for bad input."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -243,6 +244,11 @@ def test_verify_catches_broken_bundles(bundles, tmp_path, capsys):
 
     (bundle / "bundle.json").write_text(json.dumps(spec))
     (bundle / "model.onnx").write_bytes(b"not onnx")
+    assert main(["verify", str(bundle)]) == 2
+    assert "is not the" in capsys.readouterr().err  # not the file the exporter wrote
+    (bundle / "bundle.json").write_text(
+        json.dumps({**spec, "model_sha256": hashlib.sha256(b"not onnx").hexdigest()})
+    )
     assert main(["verify", str(bundle)]) == 2
     assert "ONNX Runtime cannot load it" in capsys.readouterr().err
 

@@ -9,7 +9,7 @@ import pytest
 import transformers
 
 from model.tokenizer import SPECIAL_TOKENS, BertTokenizer
-from tests.conftest import shared_data
+from tests.conftest import BERT_VOCAB, shared_data
 
 
 def sst2_dev_sentences(n):
@@ -31,7 +31,7 @@ def squad_dev_pairs(n):
 
 @pytest.fixture(scope="module")
 def reference():
-    vocab = shared_data("bert-base-uncased-vocab", "vocab.txt")
+    vocab = BERT_VOCAB
     return BertTokenizer.from_vocab(vocab), transformers.BertTokenizerFast(vocab_file=str(vocab))
 
 

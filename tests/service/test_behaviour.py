@@ -297,11 +297,90 @@ def test_bad_input_gets_a_clear_4xx(server, path, body, status, message):
 
 
 def test_truncation_on_request(server):
+    """A truncated text is answered as the text cut to the model's length would be."""
+    long = "a dull movie , a bad year . " * 60  # far over 128 tokens
     with server.client() as c:
-        response = c.post(
-            "/classify", json={"inputs": "good " * 300, "parameters": {"truncation": True}}
+        cut = c.post("/classify", json={"inputs": long, "parameters": {"truncation": True}})
+        every_piece = {"aggregation_strategy": "none", "ignore_labels": []}
+        tokens = c.post("/ner", json={"inputs": long, "parameters": every_piece})
+        # The first 126 pieces (128 less [CLS] and [SEP]), as the client would cut them.
+        end = tokens.json()[125]["end"]
+        same = c.post("/classify", json={"inputs": long[:end], "parameters": {"top_k": None}})
+        whole = c.post(
+            "/classify",
+            json={"inputs": long[:end], "parameters": {"truncation": True, "top_k": None}},
         )
-    assert response.status_code == 200
+    assert cut.status_code == 200
+    assert same.status_code == 200 and same.json() == whole.json()
+    assert cut.json()[0] == same.json()[0]
+
+
+def test_failed_warm_up_fails_liveness(bundle_dir, monkeypatch):
+    """A model that cannot run its warm-up will never serve: liveness says so (the orchestrator
+    restarts the pod) instead of a process that is alive and never ready."""
+    from service.state import ServiceState
+
+    def broken(self):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(ServiceState, "warm_up", broken)
+    with live_server(bundles=bundle_dir, wait=False) as live, live.client() as c:
+        deadline = time.monotonic() + 10
+        while c.get("/health/live").status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        live_response = c.get("/health/live")
+        assert live_response.status_code == 503
+        assert "warm-up failed: RuntimeError" in live_response.json()["error"]
+        ready = c.get("/health/ready")
+        assert ready.status_code == 503 and "warm-up failed" in ready.json()["error"]
+
+
+def test_every_error_type_is_exported_and_http_errors_are_counted(server):
+    from service.errors import ServiceError, error_types
+
+    kinds = error_types()
+    subclasses = {c.error_type for c in ServiceError.__subclasses__()}
+    assert subclasses <= set(kinds) and {"client_closed", "method_not_allowed"} <= set(kinds)
+    for kind in kinds:
+        metric(server, "bertserve_errors_total", error_type=kind)  # exists, if zero
+    with server.client() as c:
+        text = c.get("/metrics").text
+    for kind in kinds:
+        assert f'bertserve_errors_total{{error_type="{kind}"}}' in text, kind
+    before = {k: metric(server, "bertserve_errors_total", error_type=k) for k in kinds}
+    with server.client() as c:
+        # Starlette's own errors: a body that is not JSON (FastAPI path), a wrong method, an
+        # unknown path.
+        assert (
+            c.post(
+                "/classify", content=b"{nope", headers={"content-type": "text/plain"}
+            ).status_code
+            == 422
+        )
+        assert c.get("/classify").status_code == 405
+        assert c.get("/nowhere").status_code == 404
+    after = {k: metric(server, "bertserve_errors_total", error_type=k) for k in kinds}
+    assert after["invalid_input"] - before["invalid_input"] == 1
+    assert after["method_not_allowed"] - before["method_not_allowed"] == 1
+    assert after["not_found"] - before["not_found"] == 1
+
+
+def test_queue_time_is_the_slowest_rows_in_log_and_metric(bundle_dir, caplog):
+    """One request of several rows: the access log's queue_ms and the stage histogram agree."""
+    with live_server(bundles=bundle_dir) as live, live.client() as c:
+        queue_before = metric(
+            live, "bertserve_stage_duration_seconds_sum", endpoint="/classify", stage="queue"
+        )
+        with caplog.at_level(logging.INFO, logger="service.access"):
+            assert c.post("/classify", json={"inputs": SENTENCES * 4}).status_code == 200
+        queue_after = metric(
+            live, "bertserve_stage_duration_seconds_sum", endpoint="/classify", stage="queue"
+        )
+    (record,) = [
+        r for r in caplog.records if getattr(r, "fields", {}).get("endpoint") == "/classify"
+    ]
+    assert record.fields["rows"] == len(SENTENCES) * 4
+    assert record.fields["queue_ms"] == pytest.approx(1000 * (queue_after - queue_before), abs=1e-3)
 
 
 def test_text_needing_too_many_windows_is_refused_before_compute(bundle_dir):

@@ -54,8 +54,9 @@ def write_data(root):
 
 
 def write_recipe(path, task):
+    epochs = {"classify": 12, "ner": 48, "qa": 48}[task]  # about 100 steps each
     path.write_text(
-        f'task = "{task}"\nmax_seq_len = 64\nbatch_size = 8\nepochs = 12\nlr = 1e-3\n'
+        f'task = "{task}"\nmax_seq_len = 64\nbatch_size = 8\nepochs = {epochs}\nlr = 1e-3\n'
         "eval_every = 4\npatience = 100\ndoc_stride = 16\nthreads = 1\n"
     )
     return str(path)
@@ -96,9 +97,9 @@ def test_finetune_export_evaluate(task, checkpoints, tmp_path, capsys):
     assert bundle.tasks == [task]
     result = evaluate(task, tmp_path / "bundle", data)
     metric = {"classify": "accuracy", "ner": "f1", "qa": "f1"}[task]
-    assert 0.0 <= result[metric] <= 100.0
-    if task == "classify":
-        assert result["accuracy"] >= 75.0  # a word-level rule, learnt in 96 steps
+    # What ~100 steps learn of the toy data, through the exported bundle and the service's
+    # code (measured: 100 / 100 / 28.6; untrained: 50 / 0 / under 10).
+    assert result[metric] >= {"classify": 75.0, "ner": 90.0, "qa": 20.0}[task]
 
     baseline = tmp_path / "baseline"
     assert (

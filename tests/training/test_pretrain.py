@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -58,7 +59,10 @@ def test_run_writes_a_loadable_model_with_its_evaluation(uninterrupted):
     model = load_model(uninterrupted)
     assert type(model).__name__ == "BertForPreTraining"
     result = json.loads((uninterrupted / "eval.json").read_text())
-    assert 0 <= result["mlm_accuracy"] <= 1 and 0 <= result["nsp_accuracy"] <= 1
+    # Held out, after 12 steps: both heads beat guessing (a uniform MLM over the 300-piece
+    # vocabulary has loss ln 300 = 5.70; a coin for NSP ln 2 = 0.69). Measured: 5.63, 0.66.
+    assert result["mlm_loss"] < math.log(300) and result["nsp_loss"] < math.log(2)
+    assert result["pairs"] >= 20
     losses = [loss for _, loss, _ in train_losses(uninterrupted)]
     assert len(losses) == Recipe.load("tiny").train.max_steps
     assert sum(losses[-3:]) < sum(losses[:3])  # it learns

@@ -10,12 +10,12 @@ from model.tokenizer import BertTokenizer
 from model.training.data import tasks as data
 from model.training.metrics import entity_f1, exact_match, normalize_answer, squad_scores, token_f1
 from service.tasks.qa import decode_spans
-from tests.conftest import shared_data
+from tests.conftest import BERT_VOCAB, shared_data
 
 
 @pytest.fixture(scope="module")
 def tok():
-    return BertTokenizer.from_vocab(shared_data("bert-base-uncased-vocab", "vocab.txt"))
+    return BertTokenizer.from_vocab(BERT_VOCAB)
 
 
 def test_iob1_to_bio():
