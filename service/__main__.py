@@ -19,6 +19,8 @@ from types import FrameType
 import uvicorn
 from pydantic import ValidationError
 
+from service.protocol import guarded_protocol
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -141,6 +143,21 @@ EXAMPLES = """examples:
 """
 
 
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def warn_if_exposed(settings) -> None:
+    """Loud, not fatal: inside a container the process always listens on 0.0.0.0, and whether
+    that is exposed is the port mapping's or the NetworkPolicy's call (docs/security.md)."""
+    if settings.host not in LOOPBACK and not settings.keys():
+        logging.getLogger("service").warning(
+            "listening on %s without an API key: anyone who can reach port %d can use the "
+            "models; set BERTSERVE_API_KEYS, or keep the port private (docs/security.md)",
+            settings.host,
+            settings.port,
+        )
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -178,11 +195,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=settings.log_level.upper(), handlers=[handler], force=True)
 
+    warn_if_exposed(settings)
     app = create_app(settings)
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
+        http=guarded_protocol(settings.header_timeout_s),
         access_log=False,
         log_config=None,
         lifespan="on",

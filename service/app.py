@@ -3,7 +3,9 @@ middleware (body limit, request id, metrics, JSON access log) and the one error 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -39,6 +41,7 @@ from service.state import ServiceState
 from service.tasks import TASKS
 
 log = logging.getLogger("service.access")
+SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 ENDPOINTS = {*TASKS, "/health/live", "/health/ready", "/metrics", "/models"}
 
 
@@ -51,8 +54,8 @@ class BodyLimit:
     422 "error parsing the body". Later `receive` calls (the route's disconnect watch) go to the
     server as before."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app: ASGIApp, limit: int, timeout: float) -> None:
+        self.app, self.limit, self.timeout = app, limit, timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -64,8 +67,14 @@ class BodyLimit:
             return await error_response(413, "too_large", message)(scope, receive, send)
         chunks: list[bytes] = []
         size = 0
+        deadline = time.monotonic() + self.timeout
         while True:
-            msg = await receive()
+            try:  # a body sent a byte at a time, or shorter than its Content-Length, ends here
+                msg = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                slow = f"the request body did not arrive within {self.timeout:g} s"
+                response = error_response(408, "timeout", slow, {"Connection": "close"})
+                return await response(scope, receive, send)
             if msg["type"] != "http.request":  # the client left before the body was in
                 return None
             chunk = msg.get("body", b"")
@@ -92,7 +101,9 @@ class RequestContext:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
-        request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:128] or uuid.uuid4().hex
+        given = headers.get(b"x-request-id", b"").decode("latin-1")
+        # A client's id is kept when it is plainly an id: it goes into logs and headers.
+        request_id = given if SAFE_ID.fullmatch(given) else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
         status = 500
         started = time.perf_counter()
@@ -169,6 +180,8 @@ def create_app(settings: Settings) -> FastAPI:
         docs_url=None,  # served from the package's own assets: mount_docs
         redoc_url=None,
     )
+    # "/classify/" is a 404, not a redirect whose Location is built from the Host header.
+    app.router.redirect_slashes = False
     app.state.service = state
     app.include_router(api)
     app.include_router(ops)
@@ -197,6 +210,6 @@ def create_app(settings: Settings) -> FastAPI:
         return internal_error_response(state.metrics)
 
     app.add_middleware(FastPath, state=state)  # innermost: after the body limit
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, timeout=settings.body_timeout_s)
     app.add_middleware(RequestContext, state=state)  # outermost: sees every response
     return app

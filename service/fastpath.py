@@ -16,7 +16,7 @@ import json
 from urllib.parse import parse_qsl
 
 from pydantic import ValidationError
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.asgi import replaying
@@ -71,7 +71,7 @@ class FastPath:
                 scope.setdefault("state", {}),
                 disconnected,
             )
-            response = JSONResponse(answer)
+            response = Response(answer, media_type="application/json")
         except ValidationError as exc:
             response = validation_error_response(exc.errors(), self.state.metrics)
         except ServiceError as exc:

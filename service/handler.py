@@ -9,6 +9,7 @@ the same task code with its own backend (model/training/evaluate.py).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -31,9 +32,13 @@ async def handle(
     stats: dict[str, Any],
     disconnected: Disconnected | None = None,
 ) -> Any:
-    """The answer to one request; raises a ServiceError (or pydantic's ValidationError, for a
-    body that is not a `task.request`) for anything else. `stats` receives what the access log
-    reports: model, rows, tokens, queue_ms, inference_ms."""
+    """The answer to one request, as JSON bytes; raises a ServiceError (or pydantic's
+    ValidationError, for a body that is not a `task.request`) for anything else. `stats`
+    receives what the access log reports: model, rows, tokens, queue_ms, inference_ms.
+
+    A request's own work is bounded before it is done (`Task.check_cost`), and a large one
+    prepares and decodes on a worker thread: the event loop, which answers every other client
+    and the probes, never runs one request's tokenising or decoding for long."""
     request = body if isinstance(body, task.request) else task.request.model_validate(body)
     model = pick_model(state, task, request, model_name)
     items, single = task.inputs(request)
@@ -44,9 +49,14 @@ async def handle(
         raise TooLarge(
             f"{len(items)} inputs in one request; the limit is {settings.max_client_batch}"
         )
+    cost = task.check_cost(model.ctx, items, request, settings)
+    off_loop = cost > settings.inline_cost
     stage = state.metrics.stages(task.path)
     t0 = time.perf_counter()
-    rows, prepared = task.prepare(model.ctx, items, request)
+    if off_loop:
+        rows, prepared = await asyncio.to_thread(task.prepare, model.ctx, items, request)
+    else:
+        rows, prepared = task.prepare(model.ctx, items, request)
     t1 = time.perf_counter()
     limit = min(settings.max_request_rows, settings.max_queue_rows)  # more could never be admitted
     if len(rows) > limit:  # a 100,000-token text: refused before it is queued or computed
@@ -57,8 +67,12 @@ async def handle(
     stats.update(model=model.name, rows=len(rows), tokens=sum(len(r) for r in rows))
     results = await submit(model, rows, disconnected)
     t2 = time.perf_counter()
-    answers = task.finish(model.ctx, prepared, results, request)
-    body_out = task.respond(answers, single, request, rows, model.name)
+    if off_loop:
+        body_out = await asyncio.to_thread(
+            finish, task, model, prepared, results, request, single, rows, settings
+        )
+    else:
+        body_out = finish(task, model, prepared, results, request, single, rows, settings)
     t3 = time.perf_counter()
     # The request waited for its slowest row: that is its queue and inference time, in the
     # stage histograms and in the access log alike.
@@ -70,6 +84,31 @@ async def handle(
     stage["inference"].observe(inference_s)
     stage["postprocess"].observe(t3 - t2)
     return body_out
+
+
+def finish(
+    task: Task,
+    model: Model,
+    prepared: Any,
+    results: list[RowResult],
+    request: Any,
+    single: bool,
+    rows: list[Row],
+    settings: Any,
+) -> bytes:
+    answers = task.finish(model.ctx, prepared, results, request)
+    body = json.dumps(
+        task.respond(answers, single, request, rows, model.name),
+        ensure_ascii=False,
+        allow_nan=False,
+        separators=(",", ":"),
+    ).encode()
+    if len(body) > settings.max_response_bytes:  # a last guard: the cost check comes first
+        raise TooLarge(
+            f"the answer would be {len(body):,} bytes; the limit is "
+            f"{settings.max_response_bytes:,}. Ask for fewer inputs or a smaller top_k"
+        )
+    return body
 
 
 def pick_model(state: ServiceState, task: Task, request: Any, query_name: str | None) -> Model:

@@ -49,11 +49,11 @@ def task_route(task: Task):
     """A FastAPI endpoint for `task`: its body schema and response model come from the task, so
     the OpenAPI schema documents every task; the work is `handle`'s."""
 
-    async def endpoint(request: Request, body: Any, model: Any = None) -> JSONResponse:
+    async def endpoint(request: Request, body: Any, model: Any = None) -> Response:
         answer = await handle(
             state_of(request), task, body, model, request.scope["state"], disconnect_watch(request)
         )
-        return JSONResponse(answer)
+        return Response(answer, media_type="application/json")
 
     # FastAPI reads the parameters' types from the signature: give it the task's own.
     endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

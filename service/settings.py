@@ -51,6 +51,24 @@ class Settings(BaseSettings):
         description="sequences one request may become (inputs x windows); past it 413",
     )
     max_body_bytes: int = Field(1_000_000, ge=1024)
+    max_response_bytes: int = Field(
+        8_000_000, ge=1024, description="largest answer; past it 413 (a last guard)"
+    )
+    max_fill_mask_candidates: int = Field(
+        1000, ge=1, description="inputs x [MASK]s x top_k one /fill-mask request may ask for"
+    )
+    inline_cost: int = Field(
+        4096,
+        ge=0,
+        description="requests carrying more characters tokenise and decode on a worker "
+        "thread, so the event loop stays responsive",
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="a client must send its request headers within this"
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="and its body within this; past either, 408 and close"
+    )
     max_text_chars: int = Field(100_000, ge=16, description="longest text accepted at all")
     drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: time to finish admitted work")
     api_key: SecretStr | None = Field(None, description="one bearer token (see api_keys)")

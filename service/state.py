@@ -123,7 +123,8 @@ class ServiceState:
                     f"{directory / BUNDLE_FILE}: name {spec.name!r} is taken by another bundle"
                 )
             engine = Engine(directory, spec, self.settings.engine_options())
-            ctx = TaskContext.load(directory, spec, self.settings.max_text_chars)
+            max_rows = min(self.settings.max_request_rows, self.settings.max_queue_rows)
+            ctx = TaskContext.load(directory, spec, self.settings.max_text_chars, max_rows)
             batcher = Batcher(
                 spec.name,
                 engine,
@@ -140,7 +141,6 @@ class ServiceState:
                     "precision": spec.precision,
                     "provider": engine.provider,
                     "max_seq_len": str(spec.max_seq_len),
-                    "path": str(Path(directory)),
                 }
             )
             log.info(

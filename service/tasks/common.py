@@ -3,7 +3,8 @@ validation, rows, and softmax."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -36,6 +37,20 @@ class Task:
         """A model the body asks for (`?model=` wins over it)."""
         return None
 
+    def check_cost(self, ctx: TaskContext, items: list[Any], request: Any, limits: Any) -> int:
+        """Refuse (413/422) a request whose work or answer would pass a limit, from counts that
+        cost nothing (characters, [MASK]s, top_k), before anything is tokenised; return the
+        work's size in characters, which decides whether it runs off the event loop."""
+        return sum(len(t) for t in self.texts(items))
+
+    def texts(self, items: list[Any]) -> list[str]:
+        """The strings a request's items carry (for the cheap counts above)."""
+        out: list[str] = []
+        for item in items:
+            fields = [item] if isinstance(item, str) else item.model_dump().values()
+            out.extend(str(v) for v in fields)
+        return out
+
     def inputs(self, request: Any) -> tuple[list[Any], bool]:
         """The request's items, and whether one was sent bare (answered bare)."""
         items = request.inputs
@@ -61,23 +76,35 @@ class Task:
 
 @dataclass
 class TaskContext:
-    """A bundle as the tasks see it: its spec and two tokenizers (one plain, one that windows;
-    `tokenizers` keeps truncation settings on the object, and all tokenising happens on the
-    event loop, so each instance is only ever configured by one caller at a time)."""
+    """A bundle as the tasks see it: its spec and two tokenizers. The plain one is only read,
+    from any thread. The windowing one is configured per call (`tokenizers` keeps truncation
+    settings on the object), and large requests are prepared on worker threads, so each thread
+    has its own."""
 
     spec: BundleSpec
     tokenizer: Tokenizer
-    windowing: Tokenizer
+    tokenizer_json: str
     max_text_chars: int
+    max_rows: int = 1_000_000  # sequences one request may become (windows are counted first)
+    _local: threading.local = field(default_factory=threading.local)
 
     @classmethod
-    def load(cls, directory: Path, spec: BundleSpec, max_text_chars: int) -> TaskContext:
-        path = str(directory / spec.tokenizer.file)
-        plain, windowing = Tokenizer.from_file(path), Tokenizer.from_file(path)
+    def load(
+        cls, directory: Path, spec: BundleSpec, max_text_chars: int, max_rows: int = 1_000_000
+    ) -> TaskContext:
+        text = (directory / spec.tokenizer.file).read_text(encoding="utf-8")
+        plain = Tokenizer.from_str(text)
         plain.no_truncation()
         plain.no_padding()
-        windowing.no_padding()
-        return cls(spec, plain, windowing, max_text_chars)
+        return cls(spec, plain, text, max_text_chars, max_rows)
+
+    @property
+    def windowing(self) -> Tokenizer:
+        tok = getattr(self._local, "windowing", None)
+        if tok is None:
+            tok = self._local.windowing = Tokenizer.from_str(self.tokenizer_json)
+            tok.no_padding()
+        return tok
 
     @property
     def max_len(self) -> int:
@@ -94,17 +121,36 @@ class TaskContext:
 
     def encode(self, text: str, pair: str | None = None, truncate: bool = False) -> Encoding:
         """Encode without cutting; an encoding longer than the model takes is a 413 unless the
-        request asked to truncate."""
+        request asked to truncate (refused before tokenising when its words alone are too
+        many)."""
+        if not truncate and min_tokens(text) + min_tokens(pair or "") > self.max_len:
+            raise self.too_long(min_tokens(text) + min_tokens(pair or ""), "at least ")
         if truncate:
             self.windowing.enable_truncation(self.max_len, strategy="longest_first")
             return self.windowing.encode(text, pair)
         enc = self.tokenizer.encode(text, pair)
         if len(enc.ids) > self.max_len:
-            raise TooLarge(
-                f"input is {len(enc.ids)} tokens; the model takes {self.max_len}. "
-                'Shorten it or send "parameters": {"truncation": true}'
-            )
+            raise self.too_long(len(enc.ids))
         return enc
+
+    def too_long(self, tokens: int, qualifier: str = "") -> TooLarge:
+        return TooLarge(
+            f"input is {qualifier}{tokens} tokens; the model takes {self.max_len}. "
+            'Shorten it or send "parameters": {"truncation": true}'
+        )
+
+
+def min_tokens(text: str) -> int:
+    """A lower bound on a text's word pieces, for free: every white-space separated word is at
+    least one piece. A request refused on it would have been refused after tokenising too."""
+    return len(text.split())
+
+
+def windows_needed(tokens: int, window: int, advance: int) -> int:
+    """Windows of `window` tokens, each `advance` tokens after the last, to cover `tokens`."""
+    if tokens <= window:
+        return 1
+    return 1 + -(-(tokens - window) // max(1, advance))
 
 
 def row(enc: Encoding, mask_positions: np.ndarray | None = None) -> Row:

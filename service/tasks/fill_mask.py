@@ -9,7 +9,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from service.batching import Row, RowResult
-from service.errors import InvalidInput
+from service.errors import InvalidInput, TooLarge
 from service.schemas import Params, Request
 from service.tasks.common import Task, TaskContext, row, softmax
 
@@ -109,6 +109,21 @@ class FillMask(Task):
     request = FillMaskRequest
     response = list[FillMaskItem] | list[list[FillMaskItem]] | list[list[list[FillMaskItem]]]
     summary = "The most likely tokens for each [MASK]"
+
+    def check_cost(
+        self, ctx: TaskContext, items: list[str], request: FillMaskRequest, limits: Any
+    ) -> int:
+        """Every candidate is a decoded sentence: inputs x [MASK]s x top_k of them, each as
+        long as its input. Counted on the raw text, before anything is tokenised."""
+        p = request.parameters
+        k = min(p.top_k, len(p.targets)) if p.targets else p.top_k
+        candidates = sum(t.count("[MASK]") for t in items) * k
+        if candidates > limits.max_fill_mask_candidates:
+            raise TooLarge(
+                f"{candidates:,} candidates asked for (inputs x [MASK]s x top_k); the limit is "
+                f"{limits.max_fill_mask_candidates:,}. Send fewer [MASK]s or a smaller top_k"
+            )
+        return sum(len(t) * max(1, t.count("[MASK]") * k) for t in items)
 
     def prepare(
         self, ctx: TaskContext, items: list[str], request: FillMaskRequest

@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Encoding
 
 from service.batching import Row, RowResult
-from service.errors import InvalidInput
+from service.errors import InvalidInput, TooLarge
 from service.schemas import Params, Request, Text
-from service.tasks.common import Task, TaskContext, row
+from service.tasks.common import Task, TaskContext, min_tokens, row, windows_needed
 
 
 class QaInput(BaseModel):
@@ -29,9 +29,11 @@ class QaInput(BaseModel):
 
 class QaParams(Params):
     top_k: int = Field(1, ge=1, le=100)
-    doc_stride: int = Field(128, ge=0)
-    max_answer_len: int = Field(15, ge=1)
-    max_seq_len: int = Field(384, ge=16)
+    doc_stride: int = Field(
+        128, ge=0, description="overlap of a long context's windows; at most half a window"
+    )
+    max_answer_len: int = Field(15, ge=1, le=512)
+    max_seq_len: int = Field(384, ge=16, le=512, description="capped at the model's length")
     max_question_len: int = Field(64, ge=1)
     handle_impossible_answer: bool = False
 
@@ -52,6 +54,13 @@ class Answer(BaseModel):
 class QaWindows:
     context: str
     windows: list[Encoding]
+
+
+def context_window(max_seq_len: int, question_len: int, doc_stride: int) -> tuple[int, int]:
+    """(context tokens a window holds, overlap between windows): the overlap is kept to at most
+    half a window, as /ner's, so a long context costs at most twice its length in windows."""
+    window = max_seq_len - question_len - 3  # [CLS] question [SEP] context [SEP]
+    return window, min(doc_stride, window // 2)
 
 
 def preprocess(
@@ -79,13 +88,24 @@ def preprocess(
                 f"question of {question_len} tokens leaves no room for context "
                 f"in max_seq_len {max_seq_len}"
             )
-        stride = min(doc_stride, max_seq_len - question_len - 4)
+        window, stride = context_window(max_seq_len, question_len, doc_stride)
+        # Count the windows before making them: the tokenizer's overflow builds every one.
+        context_len = len(ctx.tokenizer.encode(context, add_special_tokens=False).ids)
+        if len(rows) + windows_needed(context_len, window, window - stride) > ctx.max_rows:
+            raise too_many_windows(ctx.max_rows, max_seq_len)
         tok.enable_truncation(max_seq_len, stride=stride, strategy="only_second")
         first = tok.encode(question, context)
         windows = [first, *first.overflowing]
         inputs.append(QaWindows(context, windows))
         rows.extend(row(w) for w in windows)
     return inputs, rows
+
+
+def too_many_windows(max_rows: int, max_seq_len: int) -> TooLarge:
+    return TooLarge(
+        f"the contexts need more than {max_rows} windows of {max_seq_len} tokens; one request "
+        "may use that many. Send shorter contexts or fewer inputs"
+    )
 
 
 def decode_spans(
@@ -205,14 +225,31 @@ class Qa(Task):
     response = Answer | list[Answer] | list[Answer | list[Answer]]
     summary = "Extract the answer to a question from its context"
 
-    def prepare(
-        self, ctx: TaskContext, items: list[QaInput], request: QaRequest
-    ) -> tuple[list[Row], list[QaWindows]]:
+    def check_cost(
+        self, ctx: TaskContext, items: list[QaInput], request: QaRequest, limits: Any
+    ) -> int:
         p = request.parameters
         if p.doc_stride >= p.max_seq_len:
             raise InvalidInput(
                 f"doc_stride {p.doc_stride} must be below max_seq_len {p.max_seq_len}"
             )
+        max_len = min(p.max_seq_len, ctx.max_len)
+        rows = limits.max_request_rows
+        # Free lower bound: every word of a context is at least one token of its windows.
+        least = 0
+        for item in items:
+            window, stride = context_window(max_len, min_tokens(item.question), p.doc_stride)
+            least += windows_needed(
+                min_tokens(item.context), max(1, window), max(1, window - stride)
+            )
+        if least > rows:
+            raise too_many_windows(rows, max_len)
+        return sum(len(i.question) + len(i.context) for i in items)
+
+    def prepare(
+        self, ctx: TaskContext, items: list[QaInput], request: QaRequest
+    ) -> tuple[list[Row], list[QaWindows]]:
+        p = request.parameters
         pairs = [(i.question, i.context) for i in items]
         inputs, rows = preprocess(ctx, pairs, p.max_seq_len, p.doc_stride, p.max_question_len)
         return rows, inputs

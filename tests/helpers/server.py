@@ -14,6 +14,7 @@ import httpx
 import uvicorn
 
 from service.app import create_app
+from service.protocol import guarded_protocol
 from service.settings import Settings
 
 
@@ -47,9 +48,16 @@ class LiveServer:
 @contextmanager
 def live_server(wait: bool = True, **settings: Any) -> Iterator[LiveServer]:
     port = free_port()
-    app = create_app(Settings(host="127.0.0.1", port=port, intra_op_threads=1, **settings))
+    config_settings = Settings(host="127.0.0.1", port=port, intra_op_threads=1, **settings)
+    app = create_app(config_settings)
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_config=None, access_log=False, lifespan="on"
+        app,
+        host="127.0.0.1",
+        port=port,
+        http=guarded_protocol(config_settings.header_timeout_s),  # as the service runs
+        log_config=None,
+        access_log=False,
+        lifespan="on",
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
