@@ -282,7 +282,9 @@ def to_fp16_weights(src: Path, dst: Path, min_size: int = 4096) -> None:
 
 
 def to_int8(src: Path, dst: Path) -> None:
-    """Dynamic int8 quantisation of the weights (activations quantised at run time): for CPU."""
+    """Dynamic int8 quantisation of the weights (activations quantised at run time): for CPU.
+    Per output channel: per tensor cost the MiniLM SST-2 model 1.5 points of dev accuracy
+    (89.7 -> 88.2), per channel none (89.8), at the same size."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -291,5 +293,6 @@ def to_int8(src: Path, dst: Path) -> None:
         str(src),
         str(dst),
         weight_type=QuantType.QInt8,
+        per_channel=True,
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )

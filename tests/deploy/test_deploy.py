@@ -30,6 +30,7 @@ PLAIN_MANIFESTS = [
     "pdb.yaml",
     "hpa.yaml",
     "prometheus-adapter.yaml",
+    "networkpolicy.yaml",
 ]
 
 
@@ -49,8 +50,11 @@ def tool(name: str) -> str:
     return found
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=120)
+def run(*args: str, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "GRAFANA_ADMIN_PASSWORD": "a-test-password"} | env
+    return subprocess.run(
+        args, capture_output=True, text=True, cwd=ROOT, timeout=120, env=environment
+    )
 
 
 def deployment() -> dict:
@@ -223,7 +227,7 @@ def test_probes_and_ports_match_the_service():
 
 def test_grace_periods_outlast_the_drain():
     spec = deployment()["spec"]["template"]["spec"]
-    env = {e["name"]: e["value"] for e in container(deployment())["env"]}
+    env = {e["name"]: e.get("value") for e in container(deployment())["env"]}
     drain = float(env["BERTSERVE_DRAIN_TIMEOUT_S"])
     pre_stop = float(container(deployment())["lifecycle"]["preStop"]["exec"]["command"][1])
     assert spec["terminationGracePeriodSeconds"] > drain + pre_stop
@@ -249,3 +253,42 @@ def test_install_command_is_one_path():
         assert f"RUN {command}" in dockerfile.read_text()
         assert command in readme, f"README lacks {command}"
     assert 'pip" install ".[cpu]"' in ci  # the same install, in a venv per Python
+
+
+def test_compose_is_hardened_and_private_by_default():
+    stack = yaml.safe_load(run(tool("docker-compose"), "-f", str(COMPOSE[0]), "config").stdout)
+    services = stack["services"]
+    server = services["bertserve"]
+    assert server["read_only"] is True and server["cap_drop"] == ["ALL"]
+    assert "no-new-privileges:true" in server["security_opt"]
+    for service in services.values():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), port
+    grafana = services["grafana"]["environment"]
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"] == "a-test-password"
+    # No password given: compose refuses, and says what to set.
+    env = {k: v for k, v in os.environ.items() if k != "GRAFANA_ADMIN_PASSWORD"}
+    refused = subprocess.run(
+        [tool("docker-compose"), "-f", str(COMPOSE[0]), "config", "-q"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+    assert refused.returncode != 0 and "GRAFANA_ADMIN_PASSWORD" in refused.stderr
+
+
+def test_kubernetes_pod_is_locked_down_and_keyed():
+    spec = deployment()["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    keys = next(e for e in container(deployment())["env"] if e["name"] == "BERTSERVE_API_KEYS")
+    assert keys["valueFrom"]["secretKeyRef"]["name"] == "bertserve-api-keys"
+    policy = yaml.safe_load((K8S / "networkpolicy.yaml").read_text())
+    assert policy["spec"]["podSelector"] == deployment()["spec"]["selector"]
+    assert policy["spec"]["egress"] == [] and set(policy["spec"]["policyTypes"]) == {
+        "Ingress",
+        "Egress",
+    }
