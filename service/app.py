@@ -25,6 +25,7 @@ from service.errors import (
     InvalidInput,
     MethodNotAllowed,
     NotFound,
+    NotReady,
     Overloaded,
     ServiceError,
     Unauthorized,
@@ -41,6 +42,7 @@ from service.state import ServiceState
 from service.tasks import TASKS
 
 log = logging.getLogger("service.access")
+DRAINING_HEADERS = {"Retry-After": "1", "Connection": "close"}
 SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 ENDPOINTS = {*TASKS, "/health/live", "/health/ready", "/metrics", "/models"}
 
@@ -126,6 +128,13 @@ class RequestContext:
                 check_key(self.keys, headers.get(b"authorization"))
             except Unauthorized as exc:
                 app = service_error_response(exc, metrics)
+        if app is self.app and scope["path"] not in PUBLIC_PATHS:
+            if self.state.draining:  # the client should go elsewhere: 503, and this connection ends
+                refused = NotReady("the service is shutting down; retry", DRAINING_HEADERS)
+                app = service_error_response(refused, metrics)
+            elif self.state.in_flight >= self.state.settings.max_in_flight:
+                busy = f"{self.state.in_flight} requests in flight (the limit); retry shortly"
+                app = service_error_response(NotReady(busy, {"Retry-After": "1"}), metrics)
         if app is self.app and task is not None and scope["method"] == "POST":
             # Shed load before parsing and tokenising: under 5x overload, 429s that cost a full
             # request each left the event loop too little time for the work it had admitted.

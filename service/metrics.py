@@ -1,10 +1,18 @@
-"""Prometheus metrics, `bertserve_` prefix, one registry per app (tests run several apps)."""
+"""Prometheus metrics, `bertserve_` prefix, one registry per app (tests run several apps).
+
+With several serving processes (service.supervisor), prometheus_client's multiprocess mode
+keeps each process's values in files under PROMETHEUS_MULTIPROC_DIR and any process's /metrics
+reads them all: counters and histograms are summed over the processes; gauges say how:
+queue depth and in-flight requests are summed over the live processes, `bertserve_ready` is the
+minimum (1 only when every process is ready), model info the maximum.
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from service.errors import error_types
 
@@ -30,6 +38,7 @@ STAGES = ("queue", "tokenize", "inference", "postprocess")
 
 class Metrics:
     def __init__(self) -> None:
+        self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -74,9 +83,18 @@ class Metrics:
             registry=r,
         )
         self.queue_depth = Gauge(
-            "bertserve_queue_depth", "Sequences waiting or running", ["model"], registry=r
+            "bertserve_queue_depth",
+            "Sequences waiting or running (summed over the serving processes)",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livesum",
         )
-        self.in_flight = Gauge("bertserve_in_flight_requests", "Requests being handled", registry=r)
+        self.in_flight = Gauge(
+            "bertserve_in_flight_requests",
+            "Requests being handled (summed over the serving processes)",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.errors = Counter(
             "bertserve_errors",
             "Error responses by type (one a request)",
@@ -95,8 +113,19 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
-        self.model_info = Info("bertserve_model", "Served models", ["model"], registry=r)
-        self.ready = Gauge("bertserve_ready", "1 when every model is loaded and warm", registry=r)
+        self.model_info = Gauge(
+            "bertserve_model_info",
+            "Served models (value 1; what they are in the labels)",
+            ["model", "tasks", "precision", "provider", "max_seq_len"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.ready = Gauge(
+            "bertserve_ready",
+            "1 when every model of every serving process is loaded and warm",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
         for error_type in error_types():  # export zeros, not absent series, before the first error
             self.errors.labels(error_type)
         # Children of the per-request series, bound on first use: `labels()` takes a lock and
@@ -104,6 +133,16 @@ class Metrics:
         self._stages: dict[str, dict[str, Any]] = {}
         self._requests: dict[tuple[str, int], Any] = {}
         self._latency: dict[str, Any] = {}
+
+    def exposition(self) -> bytes:
+        """The text /metrics serves: this process's registry, or every process's."""
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        from prometheus_client import multiprocess
+
+        whole = CollectorRegistry()
+        multiprocess.MultiProcessCollector(whole)
+        return generate_latest(whole)
 
     def stages(self, endpoint: str) -> dict[str, Any]:
         """The stage-latency histograms of `endpoint`, by stage."""

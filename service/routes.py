@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from service import schemas
 from service.handler import handle
@@ -118,9 +118,7 @@ async def ready(request: Request) -> Response:
     responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}},
 )
 async def metrics(request: Request) -> Response:
-    return PlainTextResponse(
-        generate_latest(state_of(request).metrics.registry), media_type=CONTENT_TYPE_LATEST
-    )
+    return PlainTextResponse(state_of(request).metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 @ops.get("/models")

@@ -27,7 +27,20 @@ class Settings(BaseSettings):
     require_gpu: bool = Field(
         False, description="refuse to start unless CUDA is the active provider"
     )
-    intra_op_threads: int = Field(0, ge=0, description="ONNX Runtime threads; 0 = every core")
+    workers: int = Field(
+        0,
+        ge=0,
+        description="serving processes sharing the port, each with its own models and a share "
+        "of the cores; 0: one per core (docs/deploy.md sizes them)",
+    )
+    intra_op_threads: int = Field(
+        0, ge=0, description="ONNX Runtime threads a process; 0: its share of the cores"
+    )
+    max_in_flight: int = Field(
+        256,
+        ge=1,
+        description="requests a process handles at once; past it 503 with Retry-After at once",
+    )
     # Off, unlike ORT's default: the event loop shares the cores with ORT's threads, and threads
     # spinning between calls starve it (2x lower throughput on a busy 2-core machine, measured).
     intra_op_spinning: bool = Field(
@@ -116,8 +129,12 @@ class Settings(BaseSettings):
         return tuple(k.strip().encode() for k in joined.split(",") if k.strip())
 
     @property
+    def worker_count(self) -> int:
+        return self.workers or os.cpu_count() or 1
+
+    @property
     def threads(self) -> int:
-        return self.intra_op_threads or os.cpu_count() or 1
+        return self.intra_op_threads or max(1, (os.cpu_count() or 1) // self.worker_count)
 
     def engine_options(self) -> EngineOptions:
         return EngineOptions(self.providers, self.threads, self.intra_op_spinning, self.require_gpu)

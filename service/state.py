@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,16 +62,24 @@ class ServiceState:
     draining: bool = False
     in_flight: int = 0
     defaults: dict[str, Model] = field(default_factory=dict)  # task -> the model without ?model=
+    worker: int | None = None  # this process's slot among the supervisor's workers
+    peers_ready: Callable[[], bool] = lambda: True  # every worker ready (workers > 1)
     _warming: asyncio.Task[None] | None = None
 
     @property
-    def ready(self) -> bool:
+    def ready_here(self) -> bool:
+        """This process: loaded, warm, not draining, every batching worker alive."""
         return (
             self.warmed
             and not self.draining
             and bool(self.models)
             and all(m.batcher.alive for m in self.models.values())
         )
+
+    @property
+    def ready(self) -> bool:
+        """Every serving process of this port is ready (one process: this one)."""
+        return self.ready_here and self.peers_ready()
 
     def saturated(self, task: str) -> str | None:
         """Why a request for `task` would be refused for load, when every model serving it has
@@ -135,14 +144,13 @@ class ServiceState:
                 "mask_positions" in spec.inputs,
             )
             self.models[spec.name] = Model(spec.name, spec, ctx, engine, batcher)
-            self.metrics.model_info.labels(spec.name).info(
-                {
-                    "tasks": ",".join(spec.tasks),
-                    "precision": spec.precision,
-                    "provider": engine.provider,
-                    "max_seq_len": str(spec.max_seq_len),
-                }
-            )
+            self.metrics.model_info.labels(
+                spec.name,
+                ",".join(spec.tasks),
+                spec.precision,
+                engine.provider,
+                str(spec.max_seq_len),
+            ).set(1)
             log.info(
                 "loaded %s (%s, %s) on %s",
                 spec.name,

@@ -109,7 +109,7 @@ def test_ready_line_names_the_real_port_models_and_provider(bundle_dir):
 
 
 def test_ready_text_for_people():
-    from service.__main__ import ready_text
+    from service.server import ready_text
 
     text = ready_text(
         {

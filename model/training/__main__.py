@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m model.training") 
     dis.add_argument("--recipe", default=None, help="default: distil-<data set>")
 
     ev = command("evaluate", "evaluate a bundle through the service's code")
-    ev.add_argument("--task", required=True, choices=["classify", "ner", "qa", "nsp", "mlm"])
+    ev.add_argument(
+        "--task", required=True, choices=["classify", "ner", "qa", "nsp", "mlm", "embed"]
+    )
     ev.add_argument("--bundle", required=True, type=Path)
     ev.add_argument("--data", required=True, type=Path)
     ev.add_argument("--out", type=Path, default=None, help="also write the result as JSON here")

@@ -10,6 +10,7 @@ that serves requests), on ONNX Runtime, without HTTP: what is measured is what i
 | qa       | squad-v1.1/ (dev)          | EM / F1 with the official normalisation             |
 | nsp      | wikipedia text/            | NSP accuracy on pairs from held-out documents       |
 | mlm      | wikipedia text/            | top-1 accuracy of /fill-mask on masked whole words  |
+| embed    | sst2/ (dev.tsv sentences)  | cosine with sentence-transformers' encode          |
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from service.batching import Row, RowResult, pad_rows, slice_outputs
 from service.bundle import load_bundle_spec
 from service.engine import Engine, EngineOptions
 from service.errors import ServiceError
-from service.tasks import classify, fill_mask, ner, nsp, qa
+from service.tasks import classify, embed, fill_mask, ner, nsp, qa
 from service.tasks.common import Task, TaskContext
 
 
@@ -198,12 +199,38 @@ def evaluate_mlm(
     }
 
 
+def evaluate_embed(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
+    """Agreement with sentence-transformers' own `encode` of the source checkpoint, on real
+    sentences (SST-2 dev), through the service's /embed code: the bundle is the published model."""
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from model.sources import resolve_init
+
+    texts = [e.text for e in data.read_sst2(data_dir, "dev")]
+    request = embed.EmbedRequest(inputs=texts, truncate=True)
+    ours = np.asarray(run_task(runner, embed.EMBED, texts, request), dtype=np.float64)
+    source, _ = resolve_init(runner.spec.source.checkpoint)
+    reference = SentenceTransformer(str(source), device="cpu").encode(
+        texts, normalize_embeddings=True, batch_size=64
+    )
+    cosine = (ours * reference).sum(-1) / np.linalg.norm(ours, axis=-1)
+    cosine /= np.linalg.norm(reference, axis=-1)
+    return {
+        "min_cosine_vs_sentence_transformers": float(cosine.min()),
+        "mean_cosine_vs_sentence_transformers": float(cosine.mean()),
+        "texts": len(texts),
+        "data": f"{data_dir.name} dev sentences",
+    }
+
+
 EVALUATORS = {
     "classify": evaluate_classify,
     "ner": evaluate_ner,
     "qa": evaluate_qa,
     "nsp": evaluate_nsp,
     "mlm": evaluate_mlm,
+    "embed": evaluate_embed,
 }
 
 

@@ -48,9 +48,11 @@ def wait_ready(url, process, timeout=60):
 
 
 def test_sigterm_under_load_loses_no_admitted_request(bundle_dir):
+    """Two serving processes (the supervisor passes SIGTERM on): every admitted request is
+    answered, a late one gets 503, and the exit status is 0."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    process = start(bundle_dir, port, max_wait_ms=1500, drain_timeout_s=20)
+    process = start(bundle_dir, port, max_wait_ms=1500, drain_timeout_s=20, workers=2)
     try:
         wait_ready(url, process)
 
@@ -75,8 +77,13 @@ def test_sigterm_under_load_loses_no_admitted_request(bundle_dir):
         assert late.status_code == 503 and late.json()["error_type"] == "unavailable"
         assert process.wait(timeout=30) == 0
         logs = process.stdout.read()
-        assert "draining 16 in-flight requests" in logs or "draining 17" in logs
         lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+        drained = [
+            int(x["message"].split("draining ")[1].split()[0])
+            for x in lines
+            if "in-flight requests" in x.get("message", "")
+        ]
+        assert len(drained) == 2 and sum(drained) >= 16, drained  # each worker drained its own
         served = [x for x in lines if x.get("endpoint") == "/classify" and x.get("status") == 200]
         assert len(served) == 16 and all("request_id" in x and "queue_ms" in x for x in served)
     finally:
@@ -107,3 +114,58 @@ def test_startup_errors_are_one_line(bundle_dir, tmp_path):
     (broken / "sentiment" / "tokenizer.json").unlink()
     assert run("--bundles", str(broken)).endswith("tokenizer.json: missing (named in bundle.json)")
     assert "BERTSERVE_MAX_BATCH_TOKENS" in run("--bundles", str(bundle_dir), max_batch_tokens=4)
+
+
+def worker_pids(supervisor_pid: int) -> list[int]:
+    children = subprocess.run(
+        ["pgrep", "-P", str(supervisor_pid)], capture_output=True, text=True, check=False
+    ).stdout.split()
+    pids = []
+    for pid in map(int, children):
+        cmdline = open(f"/proc/{pid}/cmdline", "rb").read()  # noqa: SIM115
+        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+            pids.append(pid)
+    return sorted(pids)
+
+
+def test_workers_share_the_port_metrics_and_readiness_and_a_dead_one_is_replaced(bundle_dir):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = start(bundle_dir, port, workers=2)
+    try:
+        wait_ready(url, process)
+        pids = worker_pids(process.pid)
+        assert len(pids) == 2
+        with httpx.Client(base_url=url, timeout=30) as c:
+            # New connections each: the kernel spreads them over both processes.
+            for i in range(40):
+                with httpx.Client(base_url=url, timeout=30) as fresh:
+                    assert fresh.post("/classify", json={"inputs": f"text {i}"}).status_code == 200
+            text = c.get("/metrics").text
+            # One scrape, whichever process answers it, counts all 40 (summed over processes).
+            assert 'bertserve_requests_total{endpoint="/classify",status="200"} 40.0' in text
+            assert 'bertserve_request_duration_seconds_count{endpoint="/classify"} 40.0' in text
+            assert "bertserve_ready 1.0" in text
+
+            os.kill(pids[0], signal.SIGKILL)
+            saw_not_ready = False
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    status = c.get("/health/ready").status_code
+                except httpx.TransportError:
+                    continue
+                saw_not_ready |= status == 503
+                if saw_not_ready and status == 200:
+                    break
+                time.sleep(0.02)
+            assert saw_not_ready, "readiness never reflected the dead worker"
+            assert c.get("/health/ready").status_code == 200
+            replaced = worker_pids(process.pid)
+            assert len(replaced) == 2 and pids[0] not in replaced and pids[1] in replaced
+            assert c.post("/classify", json={"inputs": "still here"}).status_code == 200
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+        assert "died with -9: replacing it" in process.stdout.read()
+    finally:
+        process.kill()

@@ -1,0 +1,206 @@
+"""Running the app: the JSON log format, a uvicorn server that drains on SIGTERM and says when
+it is ready, and one serving process (`run_worker`), alone or as one of the supervisor's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import sys
+import time
+from types import FrameType
+
+import uvicorn
+
+from service.protocol import guarded_protocol
+from service.settings import Settings
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        base = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+        }
+        fields = getattr(record, "fields", None)  # structured lines: log.info(..., extra=)
+        if fields is not None:
+            return json.dumps(base | fields)
+        return json.dumps(
+            base
+            | {"message": message}
+            | ({"exc": self.formatException(record.exc_info)} if record.exc_info else {})
+        )
+
+
+# One first request a task: the line a person copies from the ready message.
+FIRST_REQUESTS = {
+    "classify": {"inputs": "a charming and often affecting journey"},
+    "ner": {"inputs": "Angela Merkel met Emmanuel Macron in Paris."},
+    "qa": {
+        "inputs": {
+            "question": "Where was Aristotle born?",
+            "context": "Aristotle was born in Stagira in 384 BC.",
+        }
+    },
+    "fill-mask": {"inputs": "Paris is the [MASK] of France."},
+    "nsp": {"inputs": {"text": "I went to the bakery.", "text_pair": "I bought fresh bread."}},
+}
+
+
+def ready_facts(state, host: str, port: int) -> dict:
+    """What a person needs once the service is ready: where it is, what it serves, on what."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    url = f"http://{shown}:{port}"
+    serving = state.serving()
+    task = "classify" if "classify" in serving else next(iter(serving))
+    body = json.dumps(FIRST_REQUESTS.get(task, {"inputs": "hello"}))
+    return {
+        "event": "ready",
+        "url": url,
+        "listening": f"{host}:{port}",
+        "docs": f"{url}/docs",
+        "models": serving,
+        "providers": sorted({m.engine.provider for m in state.models.values()}),
+        "example": f"curl -s {url}/{task} -H 'content-type: application/json' -d '{body}'",
+    }
+
+
+def ready_text(facts: dict) -> str:
+    width = max(len("API docs"), *map(len, facts["models"]))
+    lines = [
+        f"bertserve is ready at {facts['url']} (listening on {facts['listening']})",
+        f"  {'API docs':<{width}}  {facts['docs']}",
+        f"  {'provider':<{width}}  {', '.join(facts['providers'])}",
+        *(
+            f"  {task:<{width}}  {names[0]} (default)"
+            + (f", {', '.join(names[1:])} (?model=NAME)" if names[1:] else "")
+            for task, names in facts["models"].items()
+        ),
+        f"  {'try':<{width}}  {facts['example']}",
+    ]
+    return "\n".join(lines)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with a first SIGTERM that drains instead of cutting in-flight requests, and a
+    line for people (or one structured log line, off a terminal) once every model is warm."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        state,
+        drain_timeout: float,
+        slot: int | None = None,
+        ready_flags=None,
+    ) -> None:
+        super().__init__(config)
+        self.state, self.drain_timeout = state, drain_timeout
+        self.slot, self.ready_flags = slot, ready_flags
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def serve(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started and self.servers:
+            loop = asyncio.get_running_loop()
+            if self.ready_flags is not None:
+                self._tasks.append(loop.create_task(self._publish_readiness()))
+            if self.slot in (None, 0):  # one worker speaks for all
+                self._tasks.append(loop.create_task(self._announce()))
+
+    async def _publish_readiness(self) -> None:
+        """This worker's own readiness, in its slot: every worker's /health/ready reads all."""
+        assert self.ready_flags is not None and self.slot is not None
+        while True:
+            self.ready_flags[self.slot] = 1 if self.state.ready_here else 0
+            await asyncio.sleep(0.05)
+
+    async def _announce(self) -> None:
+        while not self.state.ready:
+            if self.should_exit or self.state.draining:
+                return
+            await asyncio.sleep(0.05)
+        port = self.servers[0].sockets[0].getsockname()[1]  # the real one, also for --port 0
+        facts = ready_facts(self.state, self.config.host, port)
+        if sys.stdout.isatty():
+            print(ready_text(facts), flush=True)  # noqa: T201
+        else:
+            logging.getLogger("service").info("ready", extra={"fields": facts})
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.state.draining or self._loop is None:
+            return super().handle_exit(sig, frame)
+        self.state.draining = True
+        logging.getLogger("service").info(
+            "signal %d: draining %d in-flight requests", sig, self.state.in_flight
+        )
+        loop = self._loop
+        loop.call_soon_threadsafe(lambda: loop.create_task(self._drain()))
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.drain_timeout
+        while self.state.in_flight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        self.should_exit = True
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def warn_if_exposed(settings: Settings) -> None:
+    """Loud, not fatal: inside a container the process always listens on 0.0.0.0, and whether
+    that is exposed is the port mapping's or the NetworkPolicy's call (docs/security.md)."""
+    if settings.host not in LOOPBACK and not settings.keys():
+        logging.getLogger("service").warning(
+            "listening on %s without an API key: anyone who can reach port %d can use the "
+            "models; set BERTSERVE_API_KEYS, or keep the port private (docs/security.md)",
+            settings.host,
+            settings.port,
+        )
+
+
+def configure_logging(level: str) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+def run_worker(
+    settings: Settings,
+    sockets: list[socket.socket] | None = None,
+    slot: int | None = None,
+    ready_flags=None,
+) -> int:
+    """Serve until SIGTERM has drained: alone (binding the port itself), or as worker `slot` of
+    the supervisor's, on its shared listening socket, with every worker's readiness in
+    `ready_flags`. Returns the process exit status."""
+    from service.app import create_app
+
+    configure_logging(settings.log_level)
+    if slot is None:
+        warn_if_exposed(settings)
+    app = create_app(settings)
+    state = app.state.service
+    if ready_flags is not None and slot is not None:
+        state.worker = slot
+        state.peers_ready = lambda: all(ready_flags)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        http=guarded_protocol(settings.header_timeout_s),
+        access_log=False,
+        log_config=None,
+        lifespan="on",
+        timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
+    )
+    server = DrainingServer(config, state, settings.drain_timeout_s, slot, ready_flags)
+    server.run(sockets=sockets)
+    return 0 if server.started else 1

@@ -1,0 +1,131 @@
+"""Several serving processes on one port: the CPU topology (docs/architecture.md).
+
+One event loop cannot keep a fast model busy (it tokenises, parses and answers every request),
+so the supervisor binds the port once and starts `workers` processes that all accept on it,
+each with its own ONNX Runtime sessions and a share of the cores. It:
+
+- keeps every worker's readiness in shared memory, so that any worker's /health/ready is true
+  only when all of them are ready;
+- points prometheus_client's multiprocess mode at one directory, so that any worker's /metrics
+  is the whole service (counters summed, histograms merged, gauges as service.metrics says);
+- replaces a worker that dies (and forgets its live gauges);
+- on SIGTERM, passes the signal on and waits for every worker to drain, then closes the port.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from types import FrameType
+from typing import Any
+
+from service.server import configure_logging, warn_if_exposed
+from service.settings import Settings
+
+log = logging.getLogger("service.supervisor")
+SPAWN = multiprocessing.get_context("spawn")  # no fork: the parent holds no models or threads
+
+
+def worker_main(values: dict[str, Any], sock: socket.socket, slot: int, ready_flags: Any) -> None:
+    from service.server import run_worker
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which drains
+    raise SystemExit(run_worker(Settings(**values), [sock], slot, ready_flags))
+
+
+class Supervisor:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.count = settings.worker_count
+        self.ready = SPAWN.Array("b", self.count, lock=False)
+        self.workers: list[Any] = [None] * self.count
+        self.stopping = False
+
+    def bind(self) -> socket.socket:
+        host, port = self.settings.host, self.settings.port
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.set_inheritable(True)
+        return sock
+
+    def start(self, slot: int, sock: socket.socket) -> None:
+        self.ready[slot] = 0
+        values = self.settings.model_dump(exclude_unset=False)
+        values = {
+            k: (v.get_secret_value() if hasattr(v, "get_secret_value") else v)
+            for k, v in values.items()
+        }
+        values["port"] = sock.getsockname()[1]
+        process = SPAWN.Process(
+            target=worker_main, args=(values, sock, slot, self.ready), name=f"bertserve-{slot}"
+        )
+        process.start()
+        self.workers[slot] = process
+        log.info("worker %d started (pid %d)", slot, process.pid)
+
+    def run(self) -> int:
+        configure_logging(self.settings.log_level)
+        warn_if_exposed(self.settings)
+        metrics_dir = tempfile.mkdtemp(prefix="bertserve-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # the workers inherit it
+        sock = self.bind()
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
+        log.info(
+            "serving on %s:%d with %d workers, %d ONNX Runtime threads each",
+            self.settings.host,
+            sock.getsockname()[1],
+            self.count,
+            self.settings.threads,
+        )
+        try:
+            for slot in range(self.count):
+                self.start(slot, sock)
+            while not self.stopping:
+                for slot, process in enumerate(self.workers):
+                    if not self.stopping and process is not None and not process.is_alive():
+                        self.replace(slot, process, sock)
+                time.sleep(0.2)
+            return self.drain()
+        finally:
+            sock.close()  # the listener goes last: a draining worker still answers its backlog
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+    def replace(self, slot: int, process: Any, sock: socket.socket) -> None:
+        from prometheus_client import multiprocess
+
+        log.error(
+            "worker %d (pid %d) died with %s: replacing it", slot, process.pid, process.exitcode
+        )
+        multiprocess.mark_process_dead(process.pid)
+        self.start(slot, sock)
+
+    def on_signal(self, sig: int, frame: FrameType | None) -> None:
+        if self.stopping:  # a second signal: stop now
+            for process in self.workers:
+                if process is not None and process.is_alive():
+                    process.kill()
+            return
+        self.stopping = True
+        log.info("signal %d: draining %d workers", sig, self.count)
+        for process in self.workers:  # at once: each stops admitting and drains its own work
+            if process is not None and process.is_alive():
+                os.kill(process.pid, signal.SIGTERM)
+
+    def drain(self) -> int:
+        deadline = time.monotonic() + self.settings.drain_timeout_s + 10
+        for process in self.workers:
+            if process is not None:
+                process.join(max(0.0, deadline - time.monotonic()))
+        codes = [p.exitcode for p in self.workers if p is not None]
+        log.info("workers exited with %s", codes)
+        return 0 if all(code == 0 for code in codes) else 1
