@@ -57,6 +57,17 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
     except BundleError as exc:
         print(f"error: {exc}", file=sys.stderr)  # noqa: T201
         return 2
+    if settings.require_gpu:  # the common failure, said before any model is loaded
+        import onnxruntime
+
+        if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+            print(  # noqa: T201
+                "error: BERTSERVE_REQUIRE_GPU is set but this ONNX Runtime build has no CUDA "
+                f"provider ({onnxruntime.get_available_providers()}): install the gpu extra "
+                "(pip install '.[gpu]' in a CUDA 12 image, '.[gpu-wheels]' elsewhere)",
+                file=sys.stderr,
+            )
+            return 2
     if settings.worker_count == 1:
         from service.server import run_worker
 

@@ -130,11 +130,11 @@ class RequestContext:
                 app = service_error_response(exc, metrics)
         if app is self.app and scope["path"] not in PUBLIC_PATHS:
             if self.state.draining:  # the client should go elsewhere: 503, and this connection ends
-                refused = NotReady("the service is shutting down; retry", DRAINING_HEADERS)
-                app = service_error_response(refused, metrics)
+                closing = NotReady("the service is shutting down; retry", DRAINING_HEADERS)
+                app = service_error_response(closing, metrics)
             elif self.state.in_flight >= self.state.settings.max_in_flight:
-                busy = f"{self.state.in_flight} requests in flight (the limit); retry shortly"
-                app = service_error_response(NotReady(busy, {"Retry-After": "1"}), metrics)
+                crowded = f"{self.state.in_flight} requests in flight (the limit); retry shortly"
+                app = service_error_response(NotReady(crowded, {"Retry-After": "1"}), metrics)
         if app is self.app and task is not None and scope["method"] == "POST":
             # Shed load before parsing and tokenising: under 5x overload, 429s that cost a full
             # request each left the event loop too little time for the work it had admitted.

@@ -86,6 +86,7 @@ class Batcher:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self.restarts = 0
+        self.consecutive_failures = 0  # model calls that raised since the last that did not
         # Labelled children bound once: `labels()` costs a lock and a lookup on every call.
         self._dropped = {r: metrics.dropped.labels(name, r) for r in ("cancelled", "expired")}
         self._depth = metrics.queue_depth.labels(name)
@@ -179,6 +180,7 @@ class Batcher:
                 # The error's text stays in the log: it may name files or memory addresses.
                 log.exception("model %s failed a batch of %d", self.name, len(batch))
                 self._failed.inc()
+                self.consecutive_failures += 1
                 for item in batch:
                     if not item.future.done():
                         item.future.set_exception(
@@ -186,6 +188,7 @@ class Batcher:
                         )
                 continue
             elapsed = time.monotonic() - started
+            self.consecutive_failures = 0
             for i, item in enumerate(batch):
                 if item.future.done():
                     continue

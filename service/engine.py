@@ -1,18 +1,35 @@
-"""ONNX Runtime session for one bundle: providers (CUDA with CPU fallback, or a hard requirement
-for CUDA), intra-op threads sized to the cores, IO binding on CUDA. Warm-up is the service's
-(ServiceState.warm_up); evaluation builds engines with its own options."""
+"""ONNX Runtime session for one bundle: the providers asked for (CUDA with CPU fallback, or a hard
+requirement for CUDA), CUDA's options, intra-op threads sized to the cores. Warm-up is the
+service's (ServiceState.warm_up); evaluation builds engines with its own options.
+
+Provider selection is loud and honest: ONNX Runtime's own messages while it builds the session
+(why CUDA failed, which nodes it left on the CPU) are caught off stderr and re-logged as JSON
+lines of the `onnxruntime` logger; a session that asked for CUDA and got the CPU logs a warning
+naming both and ORT's reason, and with `require_gpu` it is a one-line start-up error.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import re
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from service.bundle import BundleSpec
 
 log = logging.getLogger(__name__)
+ort_log = logging.getLogger("onnxruntime")
+CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# "2026-11-30 10:06:23.678 [W:onnxruntime:Default, file.cc:950 operator()] message" -> message
+ORT_PREFIX = re.compile(r"^\S+ \S+ \[[A-Z]:onnxruntime:[^\]]*\]\s*")
 
 
 class EngineError(RuntimeError):
@@ -25,12 +42,68 @@ class EngineOptions:
     threads: int = 1  # ONNX Runtime intra-op threads
     spinning: bool = False
     require_gpu: bool = False
+    # CUDA execution provider options (ignored on CPU).
+    device_id: int = 0
+    gpu_mem_limit: int = 0  # bytes for ORT's arena; 0: no limit
+    arena_extend_strategy: str = "kNextPowerOfTwo"  # or kSameAsRequested
+    cudnn_conv_algo_search: str = "EXHAUSTIVE"  # HEURISTIC, DEFAULT
+    # TF32 off: fp32 answers then match the CPU's within the export's 1e-4 (on, they differ by
+    # about 1e-3). Speed on a GPU comes from fp16 bundles, not from TF32.
+    use_tf32: bool = False
 
     def provider_list(self, available: list[str]) -> list[str]:
         if self.providers == "auto":
-            known = ("CUDAExecutionProvider", "CPUExecutionProvider")
-            return [p for p in known if p in available]
+            return [p for p in (CUDA, CPU) if p in available]
         return self.providers.split(",")
+
+    def cuda_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {
+            "device_id": self.device_id,
+            "arena_extend_strategy": self.arena_extend_strategy,
+            "cudnn_conv_algo_search": self.cudnn_conv_algo_search,
+            "use_tf32": int(self.use_tf32),
+        }
+        if self.gpu_mem_limit:
+            options["gpu_mem_limit"] = self.gpu_mem_limit
+        return options
+
+
+@contextlib.contextmanager
+def ort_messages() -> Iterator[list[str]]:
+    """ONNX Runtime writes its warnings to file descriptor 2 from C++: catch them while a
+    session is built, and hand them back as lines (colours stripped)."""
+    lines: list[str] = []
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            text = sink.read().decode("utf-8", "replace")
+            for line in text.splitlines():
+                line = ORT_PREFIX.sub("", ANSI.sub("", line)).strip()
+                if line and not line.startswith("warnings.warn("):
+                    lines.append(line)
+
+
+def preload_cuda_libraries() -> None:
+    """Load CUDA and cuDNN from NVIDIA's pip wheels (the `gpu-wheels` extra) or the system's:
+    the CUDA provider library has no RUNPATH, so outside a CUDA image it finds neither."""
+    import onnxruntime as ort
+
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None:
+        return
+    with ort_messages() as lines:
+        try:
+            preload()
+        except Exception as exc:  # it reports, it should not stop the start
+            lines.append(f"preload_dlls failed: {exc}")
+    for line in lines:
+        ort_log.info(line)
 
 
 class Engine:
@@ -38,29 +111,69 @@ class Engine:
         import onnxruntime as ort
 
         available = ort.get_available_providers()
-        providers = options.provider_list(available)
-        missing = [p for p in providers if p not in available]
+        requested = options.provider_list(available)
+        missing = [p for p in requested if p not in available]
         if missing:
             raise EngineError(
                 f"providers {missing} are not in this ONNX Runtime build (available: {available})"
             )
+        if CUDA in requested:
+            preload_cuda_libraries()
         session_options = ort.SessionOptions()
         session_options.intra_op_num_threads = options.threads
         session_options.inter_op_num_threads = 1
         session_options.add_session_config_entry(
             "session.intra_op.allow_spinning", "1" if options.spinning else "0"
         )
-        session_options.log_severity_level = 3
+        session_options.log_severity_level = 2  # warnings too: caught and re-logged below
         path = directory / spec.model_file
-        try:
-            self.session = ort.InferenceSession(str(path), session_options, providers=providers)
-        except Exception as exc:  # ORT's own exception types
-            raise EngineError(f"{path}: ONNX Runtime cannot load it: {exc}") from exc
+        providers: list[Any] = [(p, options.cuda_options()) if p == CUDA else p for p in requested]
+        failure: Exception | None = None
+        with ort_messages() as messages:
+            try:
+                session = ort.InferenceSession(str(path), session_options, providers=providers)
+            except Exception as exc:  # ORT's own exception types
+                failure = exc
+        for line in messages:
+            ort_log.warning(line, extra={"fields": {"onnxruntime": line, "model": spec.name}})
+        if failure is not None:
+            raise EngineError(f"{path}: ONNX Runtime cannot load it: {failure}") from failure
+        self.session = session
         self.provider = self.session.get_providers()[0]
-        if options.require_gpu and self.provider != "CUDAExecutionProvider":
+        self.requested = requested[0] if requested else CPU
+        if self.provider != self.requested:
+            reason = next((m for m in messages if "CUDA" in m or "cuda" in m), "no reason given")
+            log.warning(
+                "%s asked for %s and runs on %s: %s",
+                spec.name,
+                self.requested,
+                self.provider,
+                reason,
+                extra={
+                    "fields": {
+                        "message": "provider fallback",
+                        "model": spec.name,
+                        "requested": self.requested,
+                        "in_use": self.provider,
+                        "reason": reason,
+                    }
+                },
+            )
+            if options.require_gpu:
+                raise EngineError(
+                    f"BERTSERVE_REQUIRE_GPU is set but {spec.name} runs on {self.provider}: "
+                    f"{reason}"
+                )
+        elif options.require_gpu and self.provider != CUDA:
             raise EngineError(
-                f"BERTSERVE_REQUIRE_GPU is set but {path} runs on {self.provider} "
-                f"(available: {available})"
+                f"BERTSERVE_REQUIRE_GPU is set but {spec.name} runs on {self.provider} "
+                f"(this ONNX Runtime build offers {available})"
+            )
+        if spec.precision == "fp16" and self.provider == CPU:
+            log.warning(
+                "%s is an fp16 bundle on the CPU, where it is slower than fp32 or int8: "
+                "serve an int8 or fp32 bundle on CPUs",
+                spec.name,
             )
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.inputs = [i.name for i in self.session.get_inputs()]
@@ -68,15 +181,6 @@ class Engine:
             raise EngineError(
                 f"{path}: graph inputs/outputs {self.inputs}/{self.outputs} differ from bundle.json"
             )
-        self._io_binding = self.provider == "CUDAExecutionProvider"
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self._io_binding:
-            binding = self.session.io_binding()
-            for name in self.inputs:
-                binding.bind_cpu_input(name, feeds[name])
-            for name in self.outputs:
-                binding.bind_output(name, "cpu")
-            self.session.run_with_iobinding(binding)
-            return dict(zip(self.outputs, binding.copy_outputs_to_cpu(), strict=True))
         return dict(zip(self.outputs, self.session.run(self.outputs, feeds), strict=True))

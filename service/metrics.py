@@ -36,6 +36,49 @@ LATENCY_BUCKETS = (
 STAGES = ("queue", "tokenize", "inference", "postprocess")
 
 
+class GpuCollector:
+    """GPU memory and utilisation from NVML (nvidia-ml-py, in the gpu extras), read at scrape
+    time; nothing where there is no NVML or no GPU."""
+
+    def __init__(self) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        self.nvml = pynvml
+        self.handles = [
+            pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())
+        ]
+
+    @classmethod
+    def create(cls) -> GpuCollector | None:
+        try:
+            collector = cls()
+        except Exception:  # no nvidia-ml-py, no driver, no device: no GPU series
+            return None
+        return collector if collector.handles else None
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        used = GaugeMetricFamily(
+            "bertserve_gpu_memory_used_bytes", "GPU memory in use", labels=["device"]
+        )
+        total = GaugeMetricFamily(
+            "bertserve_gpu_memory_total_bytes", "GPU memory", labels=["device"]
+        )
+        busy = GaugeMetricFamily(
+            "bertserve_gpu_utilization_ratio",
+            "Share of time a kernel ran (NVML)",
+            labels=["device"],
+        )
+        for i, handle in enumerate(self.handles):
+            memory = self.nvml.nvmlDeviceGetMemoryInfo(handle)
+            used.add_metric([str(i)], memory.used)
+            total.add_metric([str(i)], memory.total)
+            busy.add_metric([str(i)], self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100)
+        yield from (used, total, busy)
+
+
 class Metrics:
     def __init__(self) -> None:
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
@@ -126,6 +169,11 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemin",
         )
+        gpu = GpuCollector.create()
+        self.gpus: CollectorRegistry | None = None
+        if gpu is not None:
+            self.gpus = CollectorRegistry()
+            self.gpus.register(gpu)
         for error_type in error_types():  # export zeros, not absent series, before the first error
             self.errors.labels(error_type)
         # Children of the per-request series, bound on first use: `labels()` takes a lock and
@@ -135,14 +183,19 @@ class Metrics:
         self._latency: dict[str, Any] = {}
 
     def exposition(self) -> bytes:
-        """The text /metrics serves: this process's registry, or every process's."""
-        if not self.multiprocess:
-            return generate_latest(self.registry)
-        from prometheus_client import multiprocess
+        """The text /metrics serves: this process's registry, or every process's, and the
+        GPUs' memory and utilisation where NVML is at hand."""
+        if self.multiprocess:
+            from prometheus_client import multiprocess
 
-        whole = CollectorRegistry()
-        multiprocess.MultiProcessCollector(whole)
-        return generate_latest(whole)
+            whole = CollectorRegistry()
+            multiprocess.MultiProcessCollector(whole)
+            text = generate_latest(whole)
+        else:
+            text = generate_latest(self.registry)
+        if self.gpus is not None:
+            text += generate_latest(self.gpus)
+        return text
 
     def stages(self, endpoint: str) -> dict[str, Any]:
         """The stage-latency histograms of `endpoint`, by stage."""

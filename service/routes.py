@@ -91,7 +91,7 @@ ops = APIRouter()
 async def live(request: Request) -> Response:
     """Fails once start-up has failed for good (a warm-up that raised), so that the
     orchestrator restarts the process instead of keeping one that will never be ready."""
-    failed = state_of(request).failed
+    failed = state_of(request).dead
     if failed is not None:
         return JSONResponse({"error": f"not alive: {failed}", "error_type": "unavailable"}, 503)
     return JSONResponse({"status": "alive"})
@@ -100,14 +100,14 @@ async def live(request: Request) -> Response:
 @ops.get("/health/ready", responses={503: {"model": schemas.ErrorBody}})
 async def ready(request: Request) -> Response:
     state = state_of(request)
+    providers = sorted({m.engine.provider for m in state.models.values()})
     if state.ready:
-        return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "ready", "providers": providers})
     reason = (
         "draining"
         if state.draining
-        else state.failed or "warming up"
-        if not state.warmed
-        else "a batching worker is down"
+        else state.dead
+        or ("warming up" if not state.warmed else "a serving process or batching worker is down")
     )
     return JSONResponse({"error": f"not ready: {reason}", "error_type": "unavailable"}, 503)
 
@@ -132,6 +132,7 @@ async def models(request: Request) -> list[dict[str, Any]]:
             "labels": m.spec.labels,
             "precision": m.spec.precision,
             "provider": m.engine.provider,
+            "requested_provider": m.engine.requested,
             "max_seq_len": m.spec.max_seq_len,
             "architecture": m.spec.architecture.model_dump(),
             "metrics": m.spec.metrics,

@@ -27,6 +27,19 @@ class Settings(BaseSettings):
     require_gpu: bool = Field(
         False, description="refuse to start unless CUDA is the active provider"
     )
+    device_id: int = Field(0, ge=0, description="CUDA device (one process per device)")
+    gpu_mem_limit: int = Field(0, ge=0, description="bytes for ONNX Runtime's CUDA arena; 0: none")
+    arena_extend_strategy: Literal["kNextPowerOfTwo", "kSameAsRequested"] = "kNextPowerOfTwo"
+    cudnn_conv_algo_search: Literal["EXHAUSTIVE", "HEURISTIC", "DEFAULT"] = "EXHAUSTIVE"
+    use_tf32: bool = Field(
+        False, description="TF32 matmuls on CUDA: faster fp32, answers ~1e-3 from the CPU's"
+    )
+    failed_batches_fatal: int = Field(
+        3,
+        ge=1,
+        description="consecutive failed model calls after which the process reports itself "
+        "dead (liveness and readiness fail): a CUDA error leaves the context unusable",
+    )
     workers: int = Field(
         0,
         ge=0,

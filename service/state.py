@@ -67,12 +67,28 @@ class ServiceState:
     _warming: asyncio.Task[None] | None = None
 
     @property
+    def dead(self) -> str | None:
+        """Why this process can no longer serve and should be restarted (liveness fails): its
+        warm-up raised, or a model failed call after call (a CUDA error leaves the context
+        unusable; a restart is the cure)."""
+        if self.failed is not None:
+            return self.failed
+        limit = self.settings.failed_batches_fatal
+        for model in self.models.values():
+            if model.batcher.consecutive_failures >= limit:
+                return (
+                    f"model {model.name} failed {model.batcher.consecutive_failures} calls in a row"
+                )
+        return None
+
+    @property
     def ready_here(self) -> bool:
-        """This process: loaded, warm, not draining, every batching worker alive."""
+        """This process: loaded, warm, not draining, not dead, every batching worker alive."""
         return (
             self.warmed
             and not self.draining
             and bool(self.models)
+            and self.dead is None
             and all(m.batcher.alive for m in self.models.values())
         )
 
