@@ -1,0 +1,39 @@
+"""bench/gpu_check.py rehearsed on the CPU (every step, the CPU provider in CUDA's place), and
+the real thing on a machine without CUDA: it stops at the first step and says why."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.gpu_check import main
+
+pytestmark = pytest.mark.slow
+
+
+def test_rehearsal_runs_every_step(bundle_dir, tmp_path):
+    out = tmp_path / "gpu.json"
+    assert (
+        main(["--bundles", str(bundle_dir), "--out", str(out), "--rehearse", "--load-seconds", "2"])
+        == 0
+    )
+    report = json.loads(out.read_text())
+    assert report["provider_under_test"] == "CPUExecutionProvider"
+    for step in ("loads_on_cuda", "answers_vs_cpu", "raw_ort", "classify_under_load"):
+        assert "failed" not in report[step], report[step]
+    for result in report["answers_vs_cpu"].values():
+        assert result["fp32"]["max_abs_diff"] == 0.0  # the same provider: identical
+        assert result["fp16"]["top1_agreement"] >= 0.9
+    assert {"fp32_batch128", "fp16_batch1"} <= set(report["raw_ort"])
+    load = report["classify_under_load"]
+    assert set(load["statuses"]) == {"200"} and load["requests_per_s"] > 0
+
+
+def test_without_cuda_it_stops_at_the_first_step_and_says_why(bundle_dir, tmp_path, capsys):
+    out = tmp_path / "gpu.json"
+    assert main(["--bundles", str(bundle_dir), "--out", str(out)]) == 1
+    report = json.loads(out.read_text())
+    assert report["loads_on_cuda"]["failed"].startswith("this ONNX Runtime offers no CUDA provider")
+    assert "answers_vs_cpu" not in report
+    assert "loads_on_cuda failed" in capsys.readouterr().err
