@@ -10,7 +10,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: help check-python install install-serve test lint format serve clean pretrained finetuned \
-	models bench reliability
+	models bench reliability image-test
 
 help:
 	@echo "make test    lint and run the test suite (creates $(VENV) on first use)"
@@ -58,6 +58,11 @@ serve: $(SERVE_STAMP)
 		echo "no bundles: bundles/ holds no servable model"; exit 1; fi
 	$(VENV)/bin/bertserve serve --bundles bundles --host $${BERTSERVE_HOST:-127.0.0.1} \
 		--port $${BERTSERVE_PORT:-8000}
+
+# Build and run the CPU image and the compose stack for real (tools/image-test.sh): a container
+# engine is started if none answers; without one it is skipped, never failed.
+image-test: $(STAMP)
+	PY=$(PY) bash tools/image-test.sh
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) .pytest_cache .ruff_cache

@@ -260,6 +260,7 @@ def test_compose_is_hardened_and_private_by_default():
     services = stack["services"]
     server = services["bertserve"]
     assert server["read_only"] is True and server["cap_drop"] == ["ALL"]
+    assert server["tmpfs"] == ["/tmp"]  # read-only root, but the workers' metrics files
     assert "no-new-privileges:true" in server["security_opt"]
     for service in services.values():
         for port in service.get("ports", []):
@@ -283,6 +284,9 @@ def test_compose_is_hardened_and_private_by_default():
 def test_kubernetes_pod_is_locked_down_and_keyed():
     spec = deployment()["spec"]["template"]["spec"]
     assert spec["automountServiceAccountToken"] is False
+    # A read-only root, and /tmp writable for the workers' shared metrics files.
+    assert container(deployment())["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"name": "tmp", "mountPath": "/tmp"} in container(deployment())["volumeMounts"]
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     keys = next(e for e in container(deployment())["env"] if e["name"] == "BERTSERVE_API_KEYS")
     assert keys["valueFrom"]["secretKeyRef"]["name"] == "bertserve-api-keys"
