@@ -80,6 +80,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
         parser.add_argument(
             "--force", action="store_true", help="keep a variant that fails its accuracy tolerance"
         )
+        parser.add_argument(
+            "--default",
+            action="store_true",
+            help="serve it for its tasks when a request names no model (bundle.json default)",
+        )
         args = parser.parse_args(argv)
         metrics = json.loads(args.metrics.read_text()) if args.metrics else None
         spec = build_bundle(
@@ -92,6 +97,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
             metrics,
             args.force,
             "python -m export " + shlex.join(argv),
+            args.default,
         )
         print(  # noqa: T201
             f"wrote {args.out}: tasks {', '.join(spec.tasks)}, {spec.precision}, "

@@ -165,6 +165,7 @@ def build_bundle(
     metrics: dict[str, Any] | None = None,
     force: bool = False,
     command: str | None = None,
+    default: bool = False,
 ) -> BundleSpec:
     given = str(checkpoint)
     provenance = read_provenance(checkpoint) if checkpoint.is_dir() else None
@@ -276,6 +277,7 @@ def build_bundle(
             metrics=metrics or {},
             created_by=command or "python -m export " + shlex.join(sys.argv[1:]),
             created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            default=default,
         )
         (staging / "bundle.json").write_text(spec.model_dump_json(indent=2) + "\n", "utf-8")
         load_bundle_spec(staging)
