@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -27,9 +28,10 @@ from service.tasks.common import TaskContext
 
 
 def load(bundle: Path, threads: int = 0) -> tuple[Engine, TaskContext]:
+    """The bundle on the service's Engine with every core (the model's best on this machine)."""
     spec = load_bundle_spec(bundle)
-    settings = Settings(bundles=bundle.parent, intra_op_threads=threads)
-    return Engine(bundle, spec, settings), TaskContext.load(bundle, spec, 100_000)
+    settings = Settings(bundles=bundle.parent, intra_op_threads=threads or os.cpu_count() or 1)
+    return Engine(bundle, spec, settings.engine_options()), TaskContext.load(bundle, spec, 100_000)
 
 
 def classify_rows(ctx: TaskContext, bodies: Path) -> list:
