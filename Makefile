@@ -79,10 +79,10 @@ $(BENCH_STAMP): pyproject.toml
 	touch $@
 
 bench: $(BENCH_STAMP)  ## docs/benchmarks.md + docs/img/bench-*.png
-	$(BENCH_VENV)/bin/python -m bench.run --data $(DATA)
+	$(BENCH_VENV)/bin/python -m bench.run --data $(DATA) $(BENCH_ARGS)
 
 reliability: $(BENCH_STAMP)  ## docs/reliability.md
-	$(BENCH_VENV)/bin/python -m bench.reliability --data $(DATA)
+	$(BENCH_VENV)/bin/python -m bench.reliability --data $(DATA) $(BENCH_ARGS)
 
 # --- reproducing the shipped weights (the data sets live outside the repo) ---------------------
 DATA ?= ../shared/data

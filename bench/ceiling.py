@@ -1,7 +1,8 @@
 """The raw ceiling: a bundle's ONNX model run in this process on the same token sequences the
 load generator sends, with the best batching we can give it and no HTTP, no queue, no JSON.
 
-    python -m bench.ceiling --bundle bundles/sst2-classify --bodies runs/bench/inputs/classify.jsonl
+    python -m bench.ceiling --bundle bundles/sst2-tiny-distilled \
+        --bodies runs/bench/inputs/classify.jsonl
 
 Sequences are tokenised once up front (tokenising is the server's job, not the model's), sorted
 by length and cut into batches of each candidate size; the best size's sequences/s is the
@@ -93,7 +94,7 @@ def measure(bundle: Path, bodies: Path, seconds: float = 3.0) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bundle", type=Path, default=Path("bundles/sst2-classify"))
+    parser.add_argument("--bundle", type=Path, default=Path("bundles/sst2-tiny-distilled"))
     parser.add_argument("--bodies", type=Path, default=Path("runs/bench/inputs/classify.jsonl"))
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()

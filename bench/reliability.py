@@ -262,11 +262,10 @@ class Faulty:
         return self.engine.run(feeds)
 
 
-def injected_faults(bundles: Path, bodies: Path) -> dict:
+def injected_faults(bundles: Path, bodies: Path, model: str) -> dict:
     from tests.helpers.server import live_server
 
     out = {}
-    model = "sst2-classify"
     with live_server(bundles=bundles) as live:
         batcher = live.state.models[model].batcher
         engine = batcher.backend
@@ -371,6 +370,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--bundles", type=Path, default=ROOT / "bundles")
+    parser.add_argument("--classify-bundle", default="sst2-tiny-distilled")
     parser.add_argument("--overload-seconds", type=float, default=60)
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench")
     parser.add_argument("--report", type=Path, default=ROOT / "docs" / "reliability.md")
@@ -385,7 +385,7 @@ def main() -> None:
     started = time.time()
     bodies = write_bodies("classify", args.data, args.work / "inputs")
     ready = bodies.read_text().splitlines()[0].encode()
-    bundle = args.bundles / "sst2-classify"
+    bundle = args.bundles / args.classify_bundle
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
     log("overload and hostile bodies (real server process)")
@@ -395,7 +395,7 @@ def main() -> None:
     log("SIGTERM under load (real server process)")
     results["sigterm"] = sigterm_under_load(args.bundles, bundle, bodies, ready, args.work)
     log("injected faults (in-process server, wrapped engine)")
-    results.update(injected_faults(args.bundles, bodies))
+    results.update(injected_faults(args.bundles, bodies, args.classify_bundle))
     results["wall_s"] = time.time() - started
     (args.work / "reliability.json").write_text(json.dumps(results, indent=2))
     from bench.reliability_report import write_report

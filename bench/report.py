@@ -114,7 +114,8 @@ def write_report(results: dict, out: Path, img: Path) -> None:
         f"- Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {m['os']}, "
         f"Python {m['python']}. The load generator and the server share these cores.",
         "- Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + ".",
-        "- Model: `bundles/sst2-classify` (2 layers, hidden 128, fp32 ONNX, ORT fusions on); "
+        f"- Model: `{results.get('classify_bundle', 'sst2-tiny-distilled')}` "
+        f"({results.get('model', '2 layers, hidden 128')}, ORT fusions on); "
         "inputs: the 872 SST-2 dev sentences in a fixed shuffled order "
         f"(mean {results['ceiling']['mean_tokens']:.1f} tokens, 3 to 60).",
         "- Load: closed loop with `wrk -t1 -c<N>` and `bench/loadgen/replay.lua` (keep-alive, "

@@ -106,6 +106,14 @@ def drive(url: str, bodies: Path, levels: list[int], seconds: float) -> list[Loa
     return results
 
 
+def model_line(bundle: Path) -> str:
+    from service.bundle import load_bundle_spec
+
+    spec = load_bundle_spec(bundle)
+    a = spec.architecture
+    return f"{a.layers} layers, hidden {a.hidden_size}, {spec.precision} ONNX"
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m bench.run") -> None:
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -116,7 +124,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.run") -> No
     )
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--bundles", type=Path, default=ROOT / "bundles")
-    parser.add_argument("--classify-bundle", default="sst2-classify")
+    parser.add_argument("--classify-bundle", default="sst2-tiny-distilled")
+    parser.add_argument(
+        "--endpoints",
+        default=",".join(ENDPOINTS),
+        help="which endpoints besides /classify to drive (their bundles must be in --bundles)",
+    )
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--levels", default="1,8,32,64")
     parser.add_argument("--peers", default=",".join(PEERS))
@@ -149,6 +162,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.run") -> No
         + ")",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "ceiling": raw,
+        "classify_bundle": str(bundle),
+        "model": model_line(bundle),
         "classify": {},
         "endpoints": {},
         "open_loop": [],
@@ -183,8 +198,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.run") -> No
                     f"statuses {result.statuses} client CPU {result.client_cpu_pct:.1f}%"
                 )
                 results["open_loop"].append(result.to_dict() | {"share": share})
-            for endpoint in ENDPOINTS:
-                if endpoint == "classify":
+            for endpoint in args.endpoints.split(","):
+                if endpoint in ("classify", ""):
                     continue
                 log(f"  /{endpoint}")
                 runs = drive(server.url(endpoint), inputs[endpoint], [1, 32], args.seconds)

@@ -9,11 +9,11 @@ the same task code with its own backend (model/training/evaluate.py).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 from pydantic import BaseModel
 
 from service.batching import Row, RowResult
@@ -97,12 +97,9 @@ def finish(
     settings: Any,
 ) -> bytes:
     answers = task.finish(model.ctx, prepared, results, request)
-    body = json.dumps(
-        task.respond(answers, single, request, rows, model.name),
-        ensure_ascii=False,
-        allow_nan=False,
-        separators=(",", ":"),
-    ).encode()
+    # orjson: 94 -> 7 us for one 384-float embedding, 2.5 -> 0.1 us for a /classify answer
+    # (docs/performance.md).
+    body = orjson.dumps(task.respond(answers, single, request, rows, model.name))
     if len(body) > settings.max_response_bytes:  # a last guard: the cost check comes first
         raise TooLarge(
             f"the answer would be {len(body):,} bytes; the limit is "
