@@ -45,7 +45,9 @@ class Supervisor:
         self.count = settings.worker_count
         self.ready = SPAWN.Array("b", self.count, lock=False)
         self.workers: list[Any] = [None] * self.count
+        self.served = [False] * self.count  # has this slot's current process ever been ready?
         self.stopping = False
+        self.failed = False
 
     def bind(self) -> socket.socket:
         host, port = self.settings.host, self.settings.port
@@ -59,6 +61,7 @@ class Supervisor:
 
     def start(self, slot: int, sock: socket.socket) -> None:
         self.ready[slot] = 0
+        self.served[slot] = False
         values = self.settings.model_dump(exclude_unset=False)
         values = {
             k: (v.get_secret_value() if hasattr(v, "get_secret_value") else v)
@@ -92,10 +95,12 @@ class Supervisor:
                 self.start(slot, sock)
             while not self.stopping:
                 for slot, process in enumerate(self.workers):
+                    self.served[slot] |= bool(self.ready[slot])
                     if not self.stopping and process is not None and not process.is_alive():
                         self.replace(slot, process, sock)
                 time.sleep(0.2)
-            return self.drain()
+            status = self.drain()
+            return 1 if self.failed else status
         finally:
             sock.close()  # the listener goes last: a draining worker still answers its backlog
             shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -103,10 +108,20 @@ class Supervisor:
     def replace(self, slot: int, process: Any, sock: socket.socket) -> None:
         from prometheus_client import multiprocess
 
+        multiprocess.mark_process_dead(process.pid)
+        if not self.served[slot]:  # it never got ready: a new one would fail the same way
+            log.error(
+                "worker %d (pid %d) exited with %s before it was ready: stopping",
+                slot,
+                process.pid,
+                process.exitcode,
+            )
+            self.failed = True
+            self.on_signal(signal.SIGTERM, None)
+            return
         log.error(
             "worker %d (pid %d) died with %s: replacing it", slot, process.pid, process.exitcode
         )
-        multiprocess.mark_process_dead(process.pid)
         self.start(slot, sock)
 
     def on_signal(self, sig: int, frame: FrameType | None) -> None:

@@ -169,3 +169,22 @@ def test_workers_share_the_port_metrics_and_readiness_and_a_dead_one_is_replaced
         assert "died with -9: replacing it" in process.stdout.read()
     finally:
         process.kill()
+
+
+def test_workers_that_cannot_start_stop_the_supervisor(bundle_dir, tmp_path):
+    """A worker that dies before it was ever ready is not restarted in a loop: the supervisor
+    stops the others and exits 1, so the orchestrator sees the failure."""
+    import hashlib
+
+    bundles = tmp_path / "bundles"
+    shutil.copytree(bundle_dir / "sentiment", bundles / "sentiment")
+    (bundles / "sentiment" / "model.onnx").write_bytes(b"not a model")
+    spec = json.loads((bundles / "sentiment" / "bundle.json").read_text())
+    spec["model_sha256"] = hashlib.sha256(b"not a model").hexdigest()
+    (bundles / "sentiment" / "bundle.json").write_text(json.dumps(spec))
+    process = start(bundles, free_port(), workers=2)
+    try:
+        assert process.wait(timeout=60) == 1
+        assert "before it was ready: stopping" in process.stdout.read()
+    finally:
+        process.kill()
