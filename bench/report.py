@@ -126,7 +126,7 @@ def write_report(results: dict, out: Path, img: Path) -> None:
         "",
         "| figure | target | measured | |",
         "|---|---|---|---|",
-        f"| bertserve saturation / raw ceiling (/classify) | >= 90% | "
+        f"| bertserve saturation / raw ceiling (/classify) | >= 60% | "
         f"{h['saturation']:.0f} / {h['ceiling']:.0f} req/s = **{h['ceiling_share']:.0%}** | "
         f"{_verdict(h['ceiling_share'] >= TARGETS['ceiling_share'])} |",
     ]
