@@ -37,6 +37,15 @@ class Wrapped:
         return self.engine.run(feeds)
 
 
+async def until(condition) -> None:
+    """Wait for `condition()`, however slow the machine (10 s at most)."""
+    for _ in range(400):
+        if condition():
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError("condition never met")
+
+
 def wrap(live, name, **kwargs) -> Wrapped:
     batcher = live.state.models[name].batcher
     batcher.backend = Wrapped(batcher.backend, **kwargs)
@@ -121,13 +130,6 @@ def test_full_queue_sheds_load_before_reading_the_body(bundle_dir):
         gate = threading.Event()
         backend = wrap(live, "sentiment", gate=gate)
         batcher = live.state.models["sentiment"].batcher
-
-        async def until(condition) -> None:  # however slow the machine
-            for _ in range(400):
-                if condition():
-                    return
-                await asyncio.sleep(0.025)
-            raise AssertionError("condition never met")
 
         async def scenario():
             async with httpx.AsyncClient(base_url=live.url, timeout=20) as c:
@@ -570,3 +572,30 @@ def test_fast_path_handles_invalid_json_and_model_choice_as_fastapi_does(server)
             )
             assert (fast.status_code, fast.json()) == (slow.status_code, slow.json())
             assert fast.status_code in (404, 422)
+
+
+def test_in_flight_cap_answers_503_with_retry_after_at_once(bundle_dir):
+    """Past BERTSERVE_MAX_IN_FLIGHT a request is refused before its body is read: 503 and
+    Retry-After, in well under the time the admitted ones take."""
+    gate = threading.Event()
+    with live_server(bundles=bundle_dir, max_in_flight=2) as live:
+        wrap(live, "sentiment", gate=gate)
+
+        async def scenario():
+            async with httpx.AsyncClient(base_url=live.url, timeout=30) as c:
+                held = [
+                    asyncio.create_task(c.post("/classify", json={"inputs": f"held {i}"}))
+                    for i in range(2)
+                ]
+                await until(lambda: live.state.in_flight == 2)
+                started = time.perf_counter()
+                refused = await c.post("/classify", json={"inputs": "one too many"})
+                elapsed = time.perf_counter() - started
+                gate.set()
+                return refused, elapsed, await asyncio.gather(*held)
+
+        refused, elapsed, held = asyncio.run(scenario())
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert "in flight (the limit)" in refused.json()["error"]
+    assert elapsed < 0.5
+    assert [r.status_code for r in held] == [200, 200]
