@@ -18,7 +18,7 @@ from tokenizers import Encoding
 from service.batching import Row, RowResult
 from service.errors import InvalidInput, TooLarge
 from service.schemas import Params, Request, Text
-from service.tasks.common import Task, TaskContext, min_tokens, row, windows_needed
+from service.tasks.common import Task, TaskContext, min_tokens, row, softmax, windows_needed
 
 
 class QaInput(BaseModel):
@@ -180,10 +180,7 @@ def postprocess(
             allowed[np.asarray(enc.ids) == cls_id] = True
             start = np.where(allowed, result.outputs["start_logits"], -10000.0).astype(np.float64)
             end = np.where(allowed, result.outputs["end_logits"], -10000.0).astype(np.float64)
-            start = np.exp(start - start.max())
-            start /= start.sum()
-            end = np.exp(end - end.max())
-            end /= end.sum()
+            start, end = softmax(start), softmax(end)
             if handle_impossible_answer:
                 min_null = min(min_null, float(start[0] * end[0]))
             start[0] = end[0] = 0.0
