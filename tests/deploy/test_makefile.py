@@ -41,7 +41,8 @@ def run(bin_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def make_python(bin_dir: Path) -> str:
     env = {**os.environ, "PATH": only(bin_dir)}
-    env.pop("PYTHON", None)
+    for name in ("PYTHON", "MAKEFLAGS", "MFLAGS", "MAKELEVEL"):  # `make test PYTHON=...` sets them
+        env.pop(name, None)
     out = subprocess.run(
         [
             shutil.which("make") or "make",
