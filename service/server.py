@@ -35,28 +35,16 @@ class JsonFormatter(logging.Formatter):
         )
 
 
-# One first request a task: the line a person copies from the ready message.
-FIRST_REQUESTS = {
-    "classify": {"inputs": "a charming and often affecting journey"},
-    "ner": {"inputs": "Angela Merkel met Emmanuel Macron in Paris."},
-    "qa": {
-        "inputs": {
-            "question": "Where was Aristotle born?",
-            "context": "Aristotle was born in Stagira in 384 BC.",
-        }
-    },
-    "fill-mask": {"inputs": "Paris is the [MASK] of France."},
-    "nsp": {"inputs": {"text": "I went to the bakery.", "text_pair": "I bought fresh bread."}},
-}
-
-
 def ready_facts(state, host: str, port: int) -> dict:
     """What a person needs once the service is ready: where it is, what it serves, on what."""
     shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     url = f"http://{shown}:{port}"
+    from service.tasks import TASKS
+
     serving = state.serving()
-    task = "classify" if "classify" in serving else next(iter(serving))
-    body = json.dumps(FIRST_REQUESTS.get(task, {"inputs": "hello"}))
+    served = [t for t in TASKS.values() if t.capability in serving]
+    task = next((t for t in served if t.capability == "classify"), served[0])
+    body = json.dumps(task.example)
     return {
         "event": "ready",
         "url": url,
@@ -64,7 +52,7 @@ def ready_facts(state, host: str, port: int) -> dict:
         "docs": f"{url}/docs",
         "models": serving,
         "providers": sorted({m.engine.provider for m in state.models.values()}),
-        "example": f"curl -s {url}/{task} -H 'content-type: application/json' -d '{body}'",
+        "example": f"curl -s {url}{task.path} -H 'content-type: application/json' -d '{body}'",
     }
 
 

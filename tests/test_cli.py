@@ -15,32 +15,15 @@ import pytest
 from bertserve.cli import COMMANDS, main
 
 BIN = Path(sys.executable).parent
+SUBCOMMANDS = ("serve", "export", "verify", "pretrain", "finetune", "distil", "evaluate", "bench")
 
 
 def test_help_lists_every_subcommand(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    for name in (
-        "serve",
-        "export",
-        "verify",
-        "pretrain",
-        "finetune",
-        "distil",
-        "evaluate",
-        "bench",
-    ):
+    for name in SUBCOMMANDS:
         assert f"\n  {name} " in out
-    assert set(COMMANDS) == {
-        "serve",
-        "export",
-        "verify",
-        "pretrain",
-        "finetune",
-        "distil",
-        "evaluate",
-        "bench",
-    }
+    assert set(COMMANDS) == set(SUBCOMMANDS)
 
 
 @pytest.mark.parametrize("name", sorted(set(COMMANDS) - {"bench"}))

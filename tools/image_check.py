@@ -14,24 +14,15 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
 NAME = "bertserve-image-test"
-REQUESTS = {
-    "/classify": {"inputs": "a charming and often affecting journey"},
-    "/ner": {"inputs": "Angela Merkel met Emmanuel Macron in Paris."},
-    "/qa": {
-        "inputs": {
-            "question": "Where was Aristotle born?",
-            "context": "Aristotle was born in Stagira.",
-        }
-    },
-    "/fill-mask": {"inputs": "Paris is the [MASK] of France."},
-    "/nsp": {"inputs": {"text": "I went to the bakery.", "text_pair": "I bought bread."}},
-    "/embed": {"inputs": "A man is eating food."},
-    "/v1/embeddings": {"input": "A man is eating food."},
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's service package
+from service.tasks import TASKS  # noqa: E402
+
+REQUESTS = {path: task.example for path, task in TASKS.items()}
 
 
 class CheckFailed(RuntimeError):

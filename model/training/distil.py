@@ -48,6 +48,7 @@ from model.training.finetune import (
     build_features,
     dev_metric,
     fit,
+    start_run,
     task_labels,
 )
 
@@ -284,11 +285,7 @@ def distil(
     out: Path,
     recipe: DistilRecipe,
 ) -> dict[str, Any]:
-    if task not in HEAD:
-        raise ValueError(f"unknown task {task!r}; tasks: {', '.join(HEAD)}")
-    if recipe.threads:
-        torch.set_num_threads(recipe.threads)
-    torch.manual_seed(recipe.seed)
+    start_run(task, recipe)
     labels = task_labels(task, data_dir)
     teacher = load_model(teacher_dir, HEAD[task]).eval()
     if labels and [teacher.config.id2label[i] for i in range(len(labels))] != labels:

@@ -297,6 +297,15 @@ def fit(
     return best, step, round(time.time() - started)
 
 
+def start_run(task: str, recipe: FinetuneRecipe) -> None:
+    """What every fine-tuning-like run does first: check the task, threads, the seed."""
+    if task not in HEAD:
+        raise ValueError(f"unknown task {task!r}; tasks: {', '.join(HEAD)}")
+    if recipe.threads:
+        torch.set_num_threads(recipe.threads)
+    torch.manual_seed(recipe.seed)
+
+
 def finetune(
     task: str,
     init: str,
@@ -305,11 +314,7 @@ def finetune(
     recipe: FinetuneRecipe,
     tokenizer_dir: Path | None = None,
 ) -> dict[str, Any]:
-    if task not in HEAD:
-        raise ValueError(f"unknown task {task!r}; tasks: {', '.join(HEAD)}")
-    if recipe.threads:
-        torch.set_num_threads(recipe.threads)
-    torch.manual_seed(recipe.seed)
+    start_run(task, recipe)
     random_init = init == "random"
     provenance = None
     if random_init:

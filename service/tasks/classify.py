@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -59,6 +59,7 @@ class Classify(Task):
     request = ClassifyRequest
     response = list[LabelScore] | list[list[LabelScore]]
     summary = "Label each text (sentiment with the shipped models)"
+    example: ClassVar[dict[str, Any]] = {"inputs": "a charming and often affecting journey"}
 
     def prepare(
         self, ctx: TaskContext, items: list[Any], request: ClassifyRequest

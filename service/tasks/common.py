@@ -29,6 +29,7 @@ class Task:
     request: ClassVar[type[BaseModel]]
     response: ClassVar[Any]  # the OpenAPI response model
     summary: ClassVar[str]
+    example: ClassVar[dict[str, Any]]  # a first request (the ready line, the image test)
     # A model named in the body (OpenAI's "model") that serves nothing here falls back to the
     # default instead of a 404: clients send their provider's model names.
     lenient_model_name: ClassVar[bool] = False

@@ -9,7 +9,7 @@ The graph pools the encoder's last hidden states (mean over real tokens, or [CLS
 from __future__ import annotations
 
 import base64
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -71,6 +71,7 @@ class Embed(Task):
     request = EmbedRequest
     response = list[list[float]]
     summary = "Sentence embeddings (text-embeddings-inference's /embed)"
+    example: ClassVar[dict[str, Any]] = {"inputs": "A man is eating food."}
 
     def prepare(
         self, ctx: TaskContext, items: list[str], request: EmbedRequest
@@ -96,6 +97,7 @@ class OpenAIEmbeddings(Task):
     request = OpenAIEmbeddingsRequest
     response = EmbeddingList
     summary = "Sentence embeddings in OpenAI's schema (for RAG frameworks' OpenAI clients)"
+    example: ClassVar[dict[str, Any]] = {"input": "A man is eating food.", "model": "minilm-embed"}
     lenient_model_name = True
 
     def inputs(self, request: OpenAIEmbeddingsRequest) -> tuple[list[Any], bool]:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -109,6 +109,7 @@ class FillMask(Task):
     request = FillMaskRequest
     response = list[FillMaskItem] | list[list[FillMaskItem]] | list[list[list[FillMaskItem]]]
     summary = "The most likely tokens for each [MASK]"
+    example: ClassVar[dict[str, Any]] = {"inputs": "Paris is the [MASK] of France."}
 
     def check_cost(
         self, ctx: TaskContext, items: list[str], request: FillMaskRequest, limits: Any

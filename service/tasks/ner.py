@@ -9,7 +9,7 @@ so nothing is silently dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -239,6 +239,7 @@ class Ner(Task):
     request = NerRequest
     response = list[Entity] | list[list[Entity]]
     summary = "Named entities with character offsets into each text"
+    example: ClassVar[dict[str, Any]] = {"inputs": "Angela Merkel met Emmanuel Macron in Paris."}
 
     def prepare(
         self, ctx: TaskContext, items: list[str], request: NerRequest

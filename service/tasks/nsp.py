@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -55,6 +55,9 @@ class Nsp(Task):
     request = NspRequest
     response = NspResult | list[NspResult]
     summary = "Does text_pair follow text? (next-sentence prediction)"
+    example: ClassVar[dict[str, Any]] = {
+        "inputs": {"text": "I went to the bakery.", "text_pair": "I bought fresh bread."}
+    }
 
     def prepare(
         self, ctx: TaskContext, items: list[NspInput], request: NspRequest

@@ -9,7 +9,7 @@ inside the context, end >= start, at most `max_answer_len` tokens, and is widene
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -221,6 +221,12 @@ class Qa(Task):
     request = QaRequest
     response = Answer | list[Answer] | list[Answer | list[Answer]]
     summary = "Extract the answer to a question from its context"
+    example: ClassVar[dict[str, Any]] = {
+        "inputs": {
+            "question": "Where was Aristotle born?",
+            "context": "Aristotle was born in Stagira in 384 BC.",
+        }
+    }
 
     def check_cost(
         self, ctx: TaskContext, items: list[QaInput], request: QaRequest, limits: Any
