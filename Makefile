@@ -143,7 +143,7 @@ models: $(STAMP)
 	$(MAKE) teacher TASK=ner SET=conll2003 NAME=conll-minilm RECIPE=finetune-conll2003-minilm \
 		PRECISION=int8
 	$(MAKE) teacher TASK=qa SET=squad-v1.1 NAME=squad-minilm RECIPE=finetune-squad-minilm \
-		PRECISION=int8 MAXLEN=256
+		PRECISION=fp16-weights MAXLEN=256  # int8 failed the parity gate (docs/model-card.md)
 	$(MAKE) student TASK=classify SET=sst2 NAME=sst2-tiny-distilled TEACHER=sst2-minilm
 	$(MAKE) student TASK=ner SET=conll2003 NAME=conll-tiny-distilled TEACHER=conll-minilm
 	$(MAKE) embeddings
