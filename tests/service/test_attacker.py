@@ -1,6 +1,6 @@
-"""The service against a hostile client: every probe of the security review, reproduced. Each
-of these failed before the fix (amplifiers, slow clients, pre-auth parsing, leaks) and is a
-clear, cheap refusal now. Real HTTP, real sockets, the real engine."""
+"""The service against a hostile client: every probe of the security review, reproduced
+(amplifiers, slow clients, pre-auth parsing, leaks, tampered bundles), each answered now by a
+clear, cheap refusal or a bound. Real HTTP, real sockets, the real engine."""
 
 from __future__ import annotations
 
