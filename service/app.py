@@ -69,23 +69,26 @@ class BodyLimit:
             return await error_response(413, "too_large", message)(scope, receive, send)
         chunks: list[bytes] = []
         size = 0
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:  # a body sent a byte at a time, or shorter than its Content-Length, ends here
-                msg = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                slow = f"the request body did not arrive within {self.timeout:g} s"
-                response = error_response(408, "timeout", slow, {"Connection": "close"})
-                return await response(scope, receive, send)
-            if msg["type"] != "http.request":  # the client left before the body was in
-                return None
-            chunk = msg.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                return await error_response(413, "too_large", message)(scope, receive, send)
-            chunks.append(chunk)
-            if not msg.get("more_body", False):
-                break
+        # One deadline for the whole body (a body sent a byte at a time, or shorter than its
+        # Content-Length, ends here). asyncio.timeout, not wait_for: no task per receive().
+        try:
+            async with asyncio.timeout(self.timeout):
+                while True:
+                    msg = await receive()
+                    if msg["type"] != "http.request":  # the client left before the body was in
+                        return None
+                    chunk = msg.get("body", b"")
+                    size += len(chunk)
+                    if size > self.limit:
+                        too_large = error_response(413, "too_large", message)
+                        return await too_large(scope, receive, send)
+                    chunks.append(chunk)
+                    if not msg.get("more_body", False):
+                        break
+        except TimeoutError:
+            slow = f"the request body did not arrive within {self.timeout:g} s"
+            response = error_response(408, "timeout", slow, {"Connection": "close"})
+            return await response(scope, receive, send)
         whole: Message = {"type": "http.request", "body": b"".join(chunks)}
         await self.app(scope, replaying(whole, receive), send)
 

@@ -375,12 +375,21 @@ def test_queue_time_is_the_slowest_rows_in_log_and_metric(bundle_dir, caplog):
         )
         with caplog.at_level(logging.INFO, logger="service.access"):
             assert c.post("/classify", json={"inputs": SENTENCES * 4}).status_code == 200
+
+            def logged():  # the access line is written just after the answer is sent
+                return [
+                    r
+                    for r in caplog.records
+                    if getattr(r, "fields", {}).get("endpoint") == "/classify"
+                ]
+
+            deadline = time.monotonic() + 5
+            while not logged() and time.monotonic() < deadline:
+                time.sleep(0.01)
         queue_after = metric(
             live, "bertserve_stage_duration_seconds_sum", endpoint="/classify", stage="queue"
         )
-    (record,) = [
-        r for r in caplog.records if getattr(r, "fields", {}).get("endpoint") == "/classify"
-    ]
+    (record,) = logged()
     assert record.fields["rows"] == len(SENTENCES) * 4
     assert record.fields["queue_ms"] == pytest.approx(1000 * (queue_after - queue_before), abs=1e-3)
 
