@@ -120,7 +120,7 @@ def check_loads(bundles: list[Path]) -> dict[str, Any]:
 
 
 def check_answers(bundles: list[Path], work: Path) -> dict[str, Any]:
-    from export.graph import to_fp16
+    from export.variants import to_fp16
 
     out = {}
     for bundle in bundles:
@@ -148,7 +148,7 @@ def check_answers(bundles: list[Path], work: Path) -> dict[str, Any]:
 
 
 def time_raw(bundle: Path, work: Path) -> dict[str, Any]:
-    from export.graph import to_fp16
+    from export.variants import to_fp16
 
     fp32 = fp32_graph(bundle, work)
     fp16 = work / f"{bundle.name}-timing-fp16.onnx"

@@ -27,9 +27,6 @@ from export.graph import (
     output_axes,
     read_pooling,
     resolve_tasks,
-    to_fp16,
-    to_fp16_weights,
-    to_int8,
 )
 from export.parity import (
     MIN_AGREEMENT,
@@ -39,6 +36,7 @@ from export.parity import (
     sample_feeds,
     torch_outputs,
 )
+from export.variants import to_fp16, to_fp16_weights, to_int8
 from model.checkpoint import load_model, read_config, read_state_dict, sha256, weights_path
 from model.heads import BertPreTrainedModel
 from model.sources import read_provenance, resolve_init

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 # 2: each output declares its axes (`output_axes`), embeddings declare their `pooling`.
 FORMAT_VERSION = 2
 BUNDLE_FILE = "bundle.json"
-# fp16-weights: weights stored in fp16, computed in fp32 (export.graph.to_fp16_weights).
+# fp16-weights: weights stored in fp16, computed in fp32 (export.variants.to_fp16_weights).
 Precision = Literal["fp32", "fp16-weights", "fp16", "int8"]
 BASE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 MASK_POSITIONS = "mask_positions"

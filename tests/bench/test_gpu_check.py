@@ -37,3 +37,17 @@ def test_without_cuda_it_stops_at_the_first_step_and_says_why(bundle_dir, tmp_pa
     assert report["loads_on_cuda"]["failed"].startswith("this ONNX Runtime offers no CUDA provider")
     assert "answers_vs_cpu" not in report
     assert "loads_on_cuda failed" in capsys.readouterr().err
+
+
+def test_the_gpu_check_needs_no_torch():
+    """Its venv has onnxruntime-gpu, onnx and httpx, not torch: everything it imports must load
+    with torch absent (it once imported export.graph, which needs torch)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None; "
+        "import bench.gpu_check, export.variants; print('ok')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip() == "ok", done.stderr
