@@ -111,8 +111,8 @@ def finish(
 def pick_model(state: ServiceState, task: Task, request: Any, query_name: str | None) -> Model:
     name = query_name or task.model_name(request)
     if name is not None and query_name is None and task.lenient_model_name:
-        served = state.serving().get(task.capability, [])
-        name = name if name in served else None
+        model = state.models.get(name)  # no per-request rebuild of the task -> models table
+        name = name if model is not None and task.capability in model.spec.tasks else None
     return state.model_for(task.capability, name)
 
 
