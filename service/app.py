@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -17,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.asgi import replaying
+from service.asgi import SAFE_ID, replaying
 from service.auth import PUBLIC_PATHS, check_key
 from service.docs import mount_docs
 from service.errors import (
@@ -25,8 +24,6 @@ from service.errors import (
     InvalidInput,
     MethodNotAllowed,
     NotFound,
-    NotReady,
-    Overloaded,
     ServiceError,
     Unauthorized,
     error_response,
@@ -42,8 +39,6 @@ from service.state import ServiceState
 from service.tasks import TASKS
 
 log = logging.getLogger("service.access")
-DRAINING_HEADERS = {"Retry-After": "1", "Connection": "close"}
-SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 ENDPOINTS = {*TASKS, "/health/live", "/health/ready", "/metrics", "/models"}
 
 
@@ -107,7 +102,6 @@ class RequestContext:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         given = headers.get(b"x-request-id", b"").decode("latin-1")
-        # A client's id is kept when it is plainly an id: it goes into logs and headers.
         request_id = given if SAFE_ID.fullmatch(given) else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
         status = 500
@@ -125,26 +119,16 @@ class RequestContext:
 
         metrics = self.state.metrics
         app = self.app
-        task = TASKS.get(scope["path"])
-        if self.keys and scope["path"] not in PUBLIC_PATHS:
-            try:  # before the body is read or parsed, on every path but the probes
+        # What the protocol refuses before a task exists (service.state.refusal), here again for
+        # any other server; then the API key, before the body is read or parsed.
+        refusal = self.state.refusal(scope["method"], scope["path"])
+        if refusal is not None:
+            app = service_error_response(refusal, metrics)
+        elif self.keys and scope["path"] not in PUBLIC_PATHS:
+            try:
                 check_key(self.keys, headers.get(b"authorization"))
             except Unauthorized as exc:
                 app = service_error_response(exc, metrics)
-        if app is self.app and scope["path"] not in PUBLIC_PATHS:
-            if self.state.draining:  # the client should go elsewhere: 503, and this connection ends
-                closing = NotReady("the service is shutting down; retry", DRAINING_HEADERS)
-                app = service_error_response(closing, metrics)
-            elif self.state.in_flight >= self.state.settings.max_in_flight:
-                crowded = f"{self.state.in_flight} requests in flight (the limit); retry shortly"
-                app = service_error_response(NotReady(crowded, {"Retry-After": "1"}), metrics)
-        if app is self.app and task is not None and scope["method"] == "POST":
-            # Shed load before parsing and tokenising: under 5x overload, 429s that cost a full
-            # request each left the event loop too little time for the work it had admitted.
-            busy = self.state.saturated(task.capability)
-            if busy is not None:
-                refused = Overloaded(busy, headers={"Retry-After": "1"})
-                app = service_error_response(refused, metrics)
         self.state.in_flight += 1
         metrics.in_flight.inc()
         try:
@@ -171,6 +155,13 @@ class RequestContext:
             # The dict travels on the record: the JSON formatter encodes it once; any other
             # handler still gets a readable message.
             log.info("%s %s %d", scope["method"], endpoint, status, extra={"fields": fields})
+
+
+def count_refusal(state: ServiceState, path: str, error: ServiceError) -> None:
+    """A request the protocol refused (service.protocol): counted as the middleware counts
+    its answers; not logged line by line (at 5x overload that is tens of thousands a second)."""
+    state.metrics.errors.labels(error.error_type).inc()
+    state.metrics.request_done(path if path in ENDPOINTS else "other", error.status, None)
 
 
 def create_app(settings: Settings) -> FastAPI:

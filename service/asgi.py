@@ -1,8 +1,13 @@
-"""A small ASGI helper shared by the middlewares that read a request body before the app does."""
+"""Small ASGI helpers shared by the middlewares (and the protocol, for the request id)."""
 
 from __future__ import annotations
 
+import re
+
 from starlette.types import Message, Receive
+
+# A client's X-Request-ID is kept when it is plainly an id: it goes into logs and headers.
+SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 def replaying(first: Message, receive: Receive) -> Receive:

@@ -87,6 +87,7 @@ class Batcher:
         self._stopping = False
         self.restarts = 0
         self.consecutive_failures = 0  # model calls that raised since the last that did not
+        self.rows_per_s = 0.0  # measured drain rate (EWMA over cycles); 0: none measured yet
         # Labelled children bound once: `labels()` costs a lock and a lookup on every call.
         self._dropped = {r: metrics.dropped.labels(name, r) for r in ("cancelled", "expired")}
         self._depth = metrics.queue_depth.labels(name)
@@ -128,17 +129,33 @@ class Batcher:
     def depth(self) -> int:
         return len(self._items)
 
+    @property
+    def expected_wait_s(self) -> float:
+        """How long the queue would take to clear at the rate this model has been serving rows
+        (0 before the first measured batch)."""
+        return len(self._items) / self.rows_per_s if self.rows_per_s else 0.0
+
+    def refusal(self, rows: int = 1) -> str | None:
+        """Why `rows` more sequences would be refused (None: admitted): the queue is at its row
+        limit, or it already holds more than `max_queue_wait_ms` of work, so that what is
+        admitted is answered in time and the rest is told at once to retry."""
+        limit = self.settings.max_queue_rows
+        # Fixed texts (no counts): the protocol encodes each refusal once.
+        if len(self._items) + rows > limit:
+            return f"model {self.name} has {limit} sequences queued (the limit)"
+        wait_ms = self.settings.max_queue_wait_ms
+        if wait_ms and self.depth and self.expected_wait_s * 1000 > wait_ms:
+            return f"model {self.name} has over {wait_ms:g} ms of work queued (the limit)"
+        return None
+
     # --- requests -----------------------------------------------------------------------------
 
     async def submit(self, rows: list[Row]) -> list[RowResult]:
         """Enqueue a request's rows and wait for all of them; raises 429 past the admission
         limit, 504 past the deadline. Cancelling the awaiting task cancels its rows."""
-        if len(self._items) + len(rows) > self.settings.max_queue_rows:
-            raise Overloaded(
-                f"model {self.name} has {len(self._items)} sequences queued "
-                f"(limit {self.settings.max_queue_rows}); retry shortly",
-                headers={"Retry-After": "1"},
-            )
+        refused = self.refusal(len(rows))
+        if refused is not None:
+            raise Overloaded(refused, headers={"Retry-After": "1"})
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + self.settings.request_timeout_s
         items = [_Item(row, loop.create_future(), deadline) for row in rows]
@@ -164,10 +181,12 @@ class Batcher:
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
+        cycle_start = time.monotonic()
         while True:
             if not self._items:
                 self._wake.clear()
                 await self._wake.wait()
+                cycle_start = time.monotonic()  # idle time is not serving time
             await self._fill()
             batch = self._select()
             if not batch:
@@ -199,6 +218,14 @@ class Batcher:
                         elapsed,
                     )
                 )
+            # Rows served per second of a whole cycle (waiting for the loop, padding, the model,
+            # handing out results): the rate the queue drains at, for admission (refusal()).
+            now = time.monotonic()
+            sample = len(batch) / max(now - cycle_start, 1e-6)
+            self.rows_per_s = (
+                sample if not self.rows_per_s else 0.8 * self.rows_per_s + 0.2 * sample
+            )
+            cycle_start = now
 
     async def _fill(self) -> None:
         """Wait for more rows until the batch is full or the oldest row has waited max_wait."""

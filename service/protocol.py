@@ -1,46 +1,93 @@
-"""uvicorn's HTTP/1.1 protocol with a header timeout: a client that opens a connection (or
-starts a new request on a kept-alive one) and does not finish its request line and headers
-within `header_timeout` seconds gets a 408 and the connection is closed. uvicorn itself waits
-forever, so a few hundred slow clients could hold every connection (slowloris). The body's
-own timeout is the app's (service.app.BodyLimit)."""
+"""uvicorn's httptools HTTP/1.1 protocol with two guards that act before a request becomes an
+ASGI task (so they cost a few microseconds, not a request's worth of Python):
+
+- a header timeout: a client that opens a connection, or starts a request on a kept-alive one,
+  and does not finish its request line and headers within `header_timeout` seconds gets a 408
+  and the connection is closed (uvicorn itself waits forever: slowloris);
+- a gate (`ServiceState.refusal`): while the service drains, or when it is past its in-flight or
+  connection cap, or every model for the path has a full queue, the request is answered here
+  with a pre-encoded 503/429 and `Retry-After` once its bytes are in, and its body is dropped
+  unread into the parser. Under 5x overload this is what keeps every answer an HTTP answer: the
+  event loop refuses at tens of thousands a second instead of a few thousand.
+
+The body's own timeout is the app's (service.app.BodyLimit)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
-from uvicorn.protocols.http.h11_impl import H11Protocol
+import httptools
+import orjson
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-_BODY = b'{"error": "the request headers did not arrive in time", "error_type": "timeout"}'
+from service.asgi import SAFE_ID
+from service.errors import ServiceError
+
+_TIMEOUT_BODY = b'{"error": "the request headers did not arrive in time", "error_type": "timeout"}'
 TIMEOUT_RESPONSE = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-    + b"content-length: %d\r\n\r\n" % len(_BODY)
-    + _BODY
+    + b"content-length: %d\r\n\r\n" % len(_TIMEOUT_BODY)
+    + _TIMEOUT_BODY
 )
 
 
-def guarded_protocol(header_timeout: float) -> type[H11Protocol]:
-    """The protocol class for one server, with its own timeout."""
-    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"header_timeout": header_timeout})
+def encode(error: ServiceError, request_id: bytes | None = None) -> bytes:
+    """A typed error as the whole HTTP/1.1 response the app would send for it."""
+    body = orjson.dumps({"error": error.message, "error_type": error.error_type})
+    reason = HTTPStatus(error.status).phrase.encode("ascii")
+    lines = [b"HTTP/1.1 %d %s" % (error.status, reason), b"content-type: application/json"]
+    lines += [f"{k.lower()}: {v}".encode("latin-1") for k, v in error.headers.items()]
+    if request_id:
+        lines.append(b"x-request-id: " + request_id)
+    lines.append(b"content-length: %d" % len(body))
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
-class GuardedH11Protocol(H11Protocol):
+Gate = Callable[[str, str, int], "ServiceError | None"]  # (method, path, connections) -> refusal
+Refused = Callable[[str, ServiceError], None]  # count it: (path, refusal)
+
+
+def guarded_protocol(
+    header_timeout: float,
+    gate: Gate | None = None,
+    refused: Refused | None = None,
+) -> type[HttpToolsProtocol]:
+    """The protocol class for one server, with its own timeout and gate."""
+    return type(
+        "GuardedProtocol",
+        (GuardedProtocol,),
+        {
+            "header_timeout": header_timeout,
+            "gate": staticmethod(gate) if gate else None,
+            "refused": staticmethod(refused) if refused else None,
+        },
+    )
+
+
+class GuardedProtocol(HttpToolsProtocol):
     header_timeout = 10.0
+    gate: Gate | None = None
+    refused: Refused | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_timer: asyncio.TimerHandle | None = None
+        self._refusal: ServiceError | None = None
+        self._refusal_path = ""
+
+    # --- the header timeout: armed from a request's first byte to its last header -------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
 
-    def data_received(self, data: bytes) -> None:
-        if self._header_timer is None and (self.cycle is None or self.cycle.response_complete):
-            self._arm()  # the first bytes of the next request on a kept-alive connection
-        super().data_received(data)
-        if self.cycle is not None and not self.cycle.response_complete:
-            self._disarm()  # its headers are in: the request is the app's now
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._header_timer is None:
+            self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -58,7 +105,46 @@ class GuardedH11Protocol(H11Protocol):
     def _too_slow(self) -> None:
         self._header_timer = None
         if self.cycle is not None and not self.cycle.response_complete:
-            return
+            return  # a pipelined request waits behind one still being answered
         if not self.transport.is_closing():
             self.transport.write(TIMEOUT_RESPONSE)
             self.transport.close()
+
+    # --- the gate: refuse from the request line and headers, before any ASGI task --------------
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        idle = self.cycle is None or self.cycle.response_complete  # not behind a pipelined one
+        if self.gate is not None and idle and not self.parser.should_upgrade():
+            method = self.parser.get_method().decode("ascii")
+            path = httptools.parse_url(self.url).path.decode("ascii", "replace")
+            refusal = self.gate(method, path, len(self.connections))
+            if refusal is not None:
+                self._refusal, self._refusal_path = refusal, path
+                return
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if self._refusal is None:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        refusal = self._refusal
+        if refusal is None:
+            return super().on_message_complete()
+        self._refusal = None
+        if self.refused is not None:
+            self.refused(self._refusal_path, refusal)
+        if self.transport.is_closing():
+            return
+        request_id = dict(self.headers).get(b"x-request-id")
+        if request_id is not None and not SAFE_ID.fullmatch(request_id.decode("latin-1")):
+            request_id = None
+        closing = refusal.headers.get("Connection") == "close"
+        self.transport.write(encode(refusal, request_id))
+        if closing or not self.parser.should_keep_alive():
+            self.transport.close()
+        else:  # as uvicorn does after a response: an idle kept-alive connection ends in time
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )

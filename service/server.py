@@ -4,8 +4,10 @@ it is ready, and one serving process (`run_worker`), alone or as one of the supe
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
+import resource
 import socket
 import sys
 import time
@@ -89,6 +91,7 @@ class DrainingServer(uvicorn.Server):
         self.slot, self.ready_flags = slot, ready_flags
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._listeners: list[socket.socket] = []
 
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -97,6 +100,14 @@ class DrainingServer(uvicorn.Server):
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
         if self.started and self.servers:
+            # A second handle on each listening socket: at the end of a drain the server's own
+            # is closed (no more accepting) while this one keeps the kernel's accept queue open
+            # for the sweep (_take_backlog).
+            self._listeners = [
+                socket.fromfd(s.fileno(), s.family, s.type)
+                for server in self.servers
+                for s in server.sockets
+            ]
             loop = asyncio.get_running_loop()
             if self.ready_flags is not None:
                 self._tasks.append(loop.create_task(self._publish_readiness()))
@@ -133,10 +144,49 @@ class DrainingServer(uvicorn.Server):
         loop.call_soon_threadsafe(lambda: loop.create_task(self._drain()))
 
     async def _drain(self) -> None:
+        """Admitted requests finish while new ones are answered 503 with `Connection: close`
+        (service.state.refusal) on a listener that stays open; then the accept queue is taken
+        and answered too, and only then does the listener close, so a client is reset only if
+        its connection completes in the instant between the last accept and the close."""
         deadline = time.monotonic() + self.drain_timeout
         while self.state.in_flight > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
+        taken = await self._take_backlog(deadline)
+        logging.getLogger("service").info(
+            "drained: %d in flight left, %d connections taken from the accept queue and refused",
+            self.state.in_flight,
+            taken,
+        )
         self.should_exit = True
+
+    async def _take_backlog(self, deadline: float) -> int:
+        for server in self.servers:
+            server.close()  # this process accepts no more; other holders of the socket may
+        loop = asyncio.get_running_loop()
+        config, state = self.config, self.server_state
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=state, app_state=self.lifespan.state
+            )
+
+        transports = []
+        for listener in self._listeners:
+            listener.setblocking(False)
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:  # BlockingIOError: the queue is empty
+                    break
+                transport, _ = await loop.connect_accepted_socket(protocol, conn)
+                transports.append(transport)
+            listener.close()
+        # Their requests get the draining 503 and the protocol closes them; a client that
+        # connected and sends nothing is closed at the deadline (or by the shutdown).
+        wait_until = min(deadline, time.monotonic() + self.config.timeout_keep_alive)
+        while any(not t.is_closing() for t in transports) and time.monotonic() < wait_until:
+            await asyncio.sleep(0.01)
+        return len(transports)
 
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -154,10 +204,49 @@ def warn_if_exposed(settings: Settings) -> None:
         )
 
 
+def raise_open_files(connections: int) -> None:
+    """Each connection is a file descriptor: lift the soft limit towards the hard one so that
+    `max_connections` fit (with room for models, logs and the listener), or say it cannot."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + 256
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < wanted:
+        logging.getLogger("service").warning(
+            "open-file limit %d (hard) is below BERTSERVE_MAX_CONNECTIONS %d + 256: past it new "
+            "connections wait in the kernel's accept queue instead of getting a 503",
+            hard,
+            connections,
+        )
+
+
 def configure_logging(level: str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+def uvicorn_config(app, settings: Settings) -> uvicorn.Config:
+    """How the app is served: httptools with the guarded protocol (header timeout, refusals
+    before a task exists), uvloop where installed, no uvicorn access log (the app logs)."""
+    from service.app import count_refusal
+
+    state = app.state.service
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        http=guarded_protocol(
+            settings.header_timeout_s, state.refusal, functools.partial(count_refusal, state)
+        ),
+        loop="auto",
+        access_log=False,
+        log_config=None,
+        lifespan="on",
+        timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
+    )
 
 
 def run_worker(
@@ -179,16 +268,8 @@ def run_worker(
     if ready_flags is not None and slot is not None:
         state.worker = slot
         state.peers_ready = lambda: all(ready_flags)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        http=guarded_protocol(settings.header_timeout_s),
-        access_log=False,
-        log_config=None,
-        lifespan="on",
-        timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
-    )
+    raise_open_files(settings.max_connections)
+    config = uvicorn_config(app, settings)
     server = DrainingServer(config, state, settings.drain_timeout_s, slot, ready_flags)
     server.run(sockets=sockets)
     return 0 if server.started else 1

@@ -54,6 +54,13 @@ class Settings(BaseSettings):
         ge=1,
         description="requests a process handles at once; past it 503 with Retry-After at once",
     )
+    max_connections: int = Field(
+        2048,
+        ge=1,
+        description="open connections a process serves; a request on one past it is answered "
+        "503 with Retry-After and that connection closed (the process raises its open-file "
+        "limit to fit, where the hard limit allows)",
+    )
     # Off, unlike ORT's default: the event loop shares the cores with ORT's threads, and threads
     # spinning between calls starve it (2x lower throughput on a busy 2-core machine, measured).
     intra_op_spinning: bool = Field(
@@ -69,6 +76,12 @@ class Settings(BaseSettings):
         description="how long an idle model waits for a batch to fill; 0: run what is queued",
     )
     max_queue_rows: int = Field(512, ge=1, description="sequences admitted per model; past it 429")
+    max_queue_wait_ms: float = Field(
+        500.0,
+        ge=0,
+        description="work a model's queue may hold, at the rate the model has been serving: past "
+        "it 429, so what is admitted is answered in time; 0: the row limit only",
+    )
     request_timeout_s: float = Field(30.0, gt=0, description="queue deadline; past it 504")
     max_client_batch: int = Field(32, ge=1, description="inputs in one request")
     max_request_rows: int = Field(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from service.auth import PUBLIC_PATHS
 from service.batching import Batcher
 from service.bundle import (
     BUNDLE_FILE,
@@ -20,13 +21,15 @@ from service.bundle import (
     load_bundle_spec,
 )
 from service.engine import Engine
-from service.errors import NotFound, NotReady
+from service.errors import NotFound, NotReady, Overloaded, ServiceError
 from service.metrics import Metrics
 from service.settings import Settings
-from service.tasks import CAPABILITIES
+from service.tasks import CAPABILITIES, TASKS
 from service.tasks.common import TaskContext
 
 log = logging.getLogger(__name__)
+RETRY_HEADERS = {"Retry-After": "1"}
+DRAINING_HEADERS = {"Retry-After": "1", "Connection": "close"}
 
 
 def check_serves(directory: Path, spec: BundleSpec) -> None:
@@ -65,6 +68,7 @@ class ServiceState:
     worker: int | None = None  # this process's slot among the supervisor's workers
     peers_ready: Callable[[], bool] = lambda: True  # every worker ready (workers > 1)
     _warming: asyncio.Task[None] | None = None
+    _refusals: dict[str, ServiceError] = field(default_factory=dict)
 
     @property
     def dead(self) -> str | None:
@@ -97,14 +101,62 @@ class ServiceState:
         """Every serving process of this port is ready (one process: this one)."""
         return self.ready_here and self.peers_ready()
 
+    def refusal(self, method: str, path: str, connections: int = 0) -> ServiceError | None:
+        """Why this request is answered at once, before its body is parsed (None: it is admitted).
+        One decision for both places that enforce it: the HTTP protocol (service.protocol: no
+        ASGI task at all) and the outermost middleware (any other server). The probes and
+        /metrics always pass; the API key is checked after this, so an overloaded or draining
+        service refuses unauthenticated requests the same way."""
+        if path in PUBLIC_PATHS:
+            return None
+        if self.draining:  # the client should go elsewhere: this connection ends with it
+            return self._refusals.get("draining") or self._refuse(
+                "draining", NotReady("the service is shutting down; retry", DRAINING_HEADERS)
+            )
+        limits = self.settings
+        if connections > limits.max_connections:
+            return self._refusals.get("connections") or self._refuse(
+                "connections",
+                NotReady(
+                    f"this process has {limits.max_connections} connections open (the limit); "
+                    "retry shortly",
+                    DRAINING_HEADERS,
+                ),
+            )
+        if self.in_flight >= limits.max_in_flight:
+            return self._refusals.get("in_flight") or self._refuse(
+                "in_flight",
+                NotReady(
+                    f"{limits.max_in_flight} requests in flight (the limit); retry shortly",
+                    RETRY_HEADERS,
+                ),
+            )
+        task = TASKS.get(path)
+        if task is not None and method == "POST":
+            busy = self.saturated(task.capability)
+            if busy is not None:
+                return self._refusals.get(busy) or self._refuse(
+                    busy, Overloaded(busy, RETRY_HEADERS)
+                )
+        return None
+
+    def _refuse(self, key: str, error: ServiceError) -> ServiceError:
+        self._refusals[key] = error  # one instance each: the protocol encodes it once
+        return error
+
     def saturated(self, task: str) -> str | None:
         """Why a request for `task` would be refused for load, when every model serving it has
         a full queue: checked before the body is read, so a 429 costs next to nothing."""
-        limit = self.settings.max_queue_rows
         serving = [m for m in self.models.values() if task in m.spec.tasks]
-        if not serving or any(m.batcher.depth < limit for m in serving):
+        reasons = []
+        for model in serving:
+            reason = model.batcher.refusal()
+            if reason is None:
+                return None
+            reasons.append(reason)
+        if not reasons:
             return None
-        return f"every model for {task} has {limit} sequences queued (the limit); retry shortly"
+        return f"every model for {task} is full ({'; '.join(reasons)}); retry shortly"
 
     def serving(self) -> dict[str, list[str]]:
         """Task -> the names of the models serving it, the default first."""

@@ -9,7 +9,8 @@ each with its own ONNX Runtime sessions and a share of the cores. It:
 - points prometheus_client's multiprocess mode at one directory, so that any worker's /metrics
   is the whole service (counters summed, histograms merged, gauges as service.metrics says);
 - replaces a worker that dies (and forgets its live gauges);
-- on SIGTERM, passes the signal on and waits for every worker to drain, then closes the port.
+- on SIGTERM, passes the signal on, lets go of the port (the workers answer its accept queue
+  and close it as they finish) and waits for every worker to drain.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Supervisor:
         self.served = [False] * self.count  # has this slot's current process ever been ready?
         self.stopping = False
         self.failed = False
+        self.sock: socket.socket | None = None
 
     def bind(self) -> socket.socket:
         host, port = self.settings.host, self.settings.port
@@ -80,7 +82,7 @@ class Supervisor:
         warn_if_exposed(self.settings)
         metrics_dir = tempfile.mkdtemp(prefix="bertserve-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # the workers inherit it
-        sock = self.bind()
+        sock = self.sock = self.bind()
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, self.on_signal)
         log.info(
@@ -102,7 +104,7 @@ class Supervisor:
             status = self.drain()
             return 1 if self.failed else status
         finally:
-            sock.close()  # the listener goes last: a draining worker still answers its backlog
+            sock.close()
             shutil.rmtree(metrics_dir, ignore_errors=True)
 
     def replace(self, slot: int, process: Any, sock: socket.socket) -> None:
@@ -131,6 +133,11 @@ class Supervisor:
                     process.kill()
             return
         self.stopping = True
+        # The workers hold the listener while they drain; the last to finish takes the accept
+        # queue and closes it (server.DrainingServer._drain). Held here as well, it would stay
+        # open with no one accepting, and what queued would be reset at exit.
+        if self.sock is not None:
+            self.sock.close()
         log.info("signal %d: draining %d workers", sig, self.count)
         for process in self.workers:  # at once: each stops admitting and drains its own work
             if process is not None and process.is_alive():

@@ -14,7 +14,7 @@ import httpx
 import uvicorn
 
 from service.app import create_app
-from service.protocol import guarded_protocol
+from service.server import DrainingServer, uvicorn_config
 from service.settings import Settings
 
 
@@ -46,20 +46,18 @@ class LiveServer:
 
 
 @contextmanager
-def live_server(wait: bool = True, **settings: Any) -> Iterator[LiveServer]:
+def live_server(wait: bool = True, draining: bool = False, **settings: Any) -> Iterator[LiveServer]:
+    """The app on a real uvicorn server in a thread; `draining=True` runs the service's own
+    DrainingServer (its drain is started by calling `handle_exit`)."""
     port = free_port()
     config_settings = Settings(host="127.0.0.1", port=port, intra_op_threads=1, **settings)
     app = create_app(config_settings)
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        http=guarded_protocol(config_settings.header_timeout_s),  # as the service runs
-        log_config=None,
-        access_log=False,
-        lifespan="on",
+    config = uvicorn_config(app, config_settings)  # as the service runs
+    server = (
+        DrainingServer(config, app.state.service, config_settings.drain_timeout_s)
+        if draining
+        else uvicorn.Server(config)
     )
-    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

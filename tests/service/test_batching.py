@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from service.batching import Batcher, Row, _Item
-from service.errors import DeadlineExceeded
+from service.errors import DeadlineExceeded, Overloaded
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -72,3 +72,41 @@ def test_cancelled_and_expired_rows_are_dropped_before_compute():
     assert batch == [21, 23] and left == []
     with pytest.raises(DeadlineExceeded):
         items[2].future.result()
+
+
+class SlowBackend:
+    """A model that takes `seconds` a call and returns one logit pair a row."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def run(self, feeds):
+        time.sleep(self.seconds)
+        return {"logits": np.zeros((len(feeds["input_ids"]), 2), np.float32)}
+
+
+def test_admission_refuses_past_the_queued_work_the_model_can_clear_in_time():
+    """With the drain rate measured (1 row per 20 ms call: ~50 rows/s), a queue holding more
+    than max_queue_wait_ms of work refuses new rows, well before the row limit."""
+
+    async def run():
+        settings = Settings(max_batch_rows=1, max_queue_rows=1000, max_queue_wait_ms=100)
+        batcher = Batcher("m", SlowBackend(0.02), settings, Metrics(), {"logits": "row"}, 0, False)
+        batcher.start()
+        row = Row(np.full(4, 5, np.int64), np.zeros(4, np.int64))
+        assert batcher.refusal() is None and batcher.rows_per_s == 0  # nothing measured yet
+        await asyncio.gather(*(batcher.submit([row]) for _ in range(5)))
+        rate = batcher.rows_per_s
+        pending = [asyncio.ensure_future(batcher.submit([row])) for _ in range(20)]
+        await asyncio.sleep(0)
+        wait = batcher.expected_wait_s
+        results = await asyncio.gather(*pending, return_exceptions=True)
+        await batcher.stop()
+        return rate, [r for r in results if isinstance(r, Exception)], wait
+
+    rate, refused, wait = asyncio.run(run())
+    assert 25 < rate < 55  # 1 row / (20 ms + the loop's share of the cycle)
+    assert 0.1 < wait < 0.3  # admitted up to ~100 ms of work, then refused
+    assert 10 <= len(refused) <= 17
+    assert {str(e) for e in refused} == {"model m has over 100 ms of work queued (the limit)"}
+    assert all(isinstance(e, Overloaded) for e in refused)

@@ -1,0 +1,195 @@
+"""The HTTP protocol's own answers (service/protocol.py), over raw sockets so that keep-alive and
+connection closes are visible: refusals made before a request becomes an ASGI task, the
+connection cap, and draining."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from service.errors import NotReady
+from service.protocol import encode
+from tests.helpers.server import live_server
+from tests.service.test_behaviour import metric, until, wrap
+
+pytestmark = pytest.mark.slow
+
+BODY = json.dumps({"inputs": "a fine film"}).encode()
+
+
+def post(path: str, body: bytes = BODY, **headers: str) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "host: test", "content-type: application/json"]
+    lines += [f"{k.replace('_', '-')}: {v}" for k, v in headers.items()]
+    lines.append(f"content-length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 response with a Content-Length: status, headers (lower-case), body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed before a response: {data!r}"
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines)}
+    while len(rest) < int(headers["content-length"]):
+        rest += sock.recv(65536)
+    return int(status_line.split()[1]), headers, rest
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    sock.settimeout(5)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def connect(live) -> socket.socket:
+    host, port = live.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    return sock
+
+
+def test_a_refusal_never_reaches_the_app_and_keeps_the_connection(bundle_dir, caplog):
+    """At the in-flight cap a request is answered 503 by the protocol: Retry-After, the
+    client's request id, no access-log line (no task ran), counted in the metrics; the
+    connection stays open and serves the next request once there is room."""
+    gate = threading.Event()
+    with live_server(bundles=bundle_dir, max_in_flight=1) as live:
+        wrap(live, "sentiment", gate=gate)
+        held = threading.Thread(
+            target=lambda: httpx.post(f"{live.url}/classify", json={"inputs": "x"}, timeout=30)
+        )
+        held.start()
+        asyncio.run(until(lambda: live.state.in_flight == 1))
+        caplog.set_level(logging.INFO, logger="service.access")
+        with connect(live) as sock:
+            sock.sendall(post("/classify", x_request_id="refused-1"))
+            status, headers, body = read_response(sock)
+            assert status == 503
+            assert headers["retry-after"] == "1" and headers["x-request-id"] == "refused-1"
+            assert "connection" not in headers  # overload: retry here, on this connection
+            assert json.loads(body) == {
+                "error": "1 requests in flight (the limit); retry shortly",
+                "error_type": "unavailable",
+            }
+            gate.set()
+            held.join(30)
+            asyncio.run(until(lambda: live.state.in_flight == 0))
+            sock.sendall(post("/classify", x_request_id="admitted-1"))
+            status, headers, body = read_response(sock)
+            assert status == 200 and json.loads(body)[0]["label"]
+
+        def logged() -> list[str]:
+            return [getattr(r, "fields", {}).get("request_id") for r in caplog.records]
+
+        asyncio.run(until(lambda: "admitted-1" in logged()))  # the line follows the answer
+        assert "refused-1" not in logged()
+        assert metric(live, "bertserve_requests_total", endpoint="/classify", status="503") == 1
+        assert metric(live, "bertserve_errors_total", error_type="unavailable") == 1
+
+
+def test_the_protocol_and_the_middleware_answer_a_refusal_alike(bundle_dir):
+    """Two enforcement points, one decision (ServiceState.refusal): the bytes the protocol
+    writes carry what the app's own error response carries."""
+    with live_server(bundles=bundle_dir) as live:
+        live.state.draining = True
+        with connect(live) as sock:
+            sock.sendall(post("/classify"))
+            status, headers, body = read_response(sock)
+            assert closed_by_server(sock)  # draining: the client should go elsewhere
+        from service.app import create_app
+        from service.settings import Settings
+
+        app = create_app(Settings(bundles=bundle_dir))  # no server: the middleware answers
+        app.state.service.draining = True
+        transport = httpx.ASGITransport(app=app)
+
+        async def via_app():
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                return await c.post("/classify", json={"inputs": "x"})
+
+        expected = asyncio.run(via_app())
+    assert status == expected.status_code == 503
+    assert json.loads(body) == expected.json()
+    assert headers["connection"] == expected.headers["connection"] == "close"
+    assert headers["retry-after"] == expected.headers["retry-after"] == "1"
+
+
+def test_past_the_connection_cap_a_request_gets_503_and_its_connection_closes(bundle_dir):
+    with live_server(bundles=bundle_dir, max_connections=2) as live:
+        asyncio.run(until(lambda: not live.server.server_state.connections))  # probes gone
+        first, second = connect(live), connect(live)
+        for sock in (first, second):
+            sock.sendall(post("/classify"))
+            assert read_response(sock)[0] == 200
+        with connect(live) as third:
+            third.sendall(post("/classify"))
+            status, headers, body = read_response(third)
+            assert status == 503 and headers["connection"] == "close"
+            assert "2 connections open (the limit)" in json.loads(body)["error"]
+            assert closed_by_server(third)
+        first.close()
+        asyncio.run(until(lambda: len(live.server.server_state.connections) <= 1))
+        with connect(live) as fourth:  # room again
+            fourth.sendall(post("/classify"))
+            assert read_response(fourth)[0] == 200
+        second.close()
+
+
+def test_probes_and_metrics_pass_every_gate(bundle_dir):
+    with live_server(bundles=bundle_dir, max_connections=1) as live:
+        live.state.draining = True
+        with connect(live) as sock:
+            sock.sendall(b"GET /health/live HTTP/1.1\r\nhost: t\r\n\r\n")
+            assert read_response(sock)[0] == 200
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nhost: t\r\n\r\n")
+            assert read_response(sock)[0] == 200
+
+
+def test_encode_writes_a_complete_response():
+    raw = encode(NotReady("busy", {"Retry-After": "1"}), b"abc")
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0] == b"HTTP/1.1 503 Service Unavailable"
+    assert b"retry-after: 1" in head and b"x-request-id: abc" in head
+    assert b"content-length: %d" % len(body) in head
+    assert json.loads(body) == {"error": "busy", "error_type": "unavailable"}
+
+
+def test_a_drain_answers_the_accept_queue_before_it_closes_the_listener(bundle_dir):
+    """Connections the kernel accepted after the server stopped accepting (its accept queue)
+    get the draining 503 and a clean close, not a reset; then the port is closed."""
+    with live_server(bundles=bundle_dir, draining=True) as live:
+        server = live.server
+        server.state.draining = True
+        loop = server._loop
+
+        async def stop_accepting() -> None:
+            for s in server.servers:
+                s.close()
+
+        asyncio.run_coroutine_threadsafe(stop_accepting(), loop).result(10)
+        queued = [connect(live) for _ in range(5)]  # complete in the kernel, not yet accepted
+        for i, sock in enumerate(queued):
+            sock.sendall(post("/classify", x_request_id=f"queued-{i}"))
+        deadline = time.monotonic() + 30
+        taken = asyncio.run_coroutine_threadsafe(server._take_backlog(deadline), loop).result(30)
+        assert taken == 5
+        for i, sock in enumerate(queued):
+            status, headers, _ = read_response(sock)
+            assert (status, headers["connection"]) == (503, "close")
+            assert headers["x-request-id"] == f"queued-{i}"
+            assert closed_by_server(sock)
+            sock.close()
+        with pytest.raises(ConnectionRefusedError):
+            connect(live)
