@@ -164,6 +164,9 @@ def open_loop(
             "unsent": raw["unsent"],
             "offered": raw["offered"],
             "error_kinds": raw["error_kinds"],
+            "max_ms": raw["max_ms"],
+            "over_1s": raw["over_1s"],
+            "by_status": raw["by_status"],
         },
     )
 
