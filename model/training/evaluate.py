@@ -172,6 +172,9 @@ def evaluate_mlm(
     /fill-mask's top prediction is that word."""
     rng = random.Random(seed)
     tok = runner.ctx.tokenizer
+    # An uncased model predicts "paris" for "Paris": compare in the model's own case, so that
+    # capitalised words are in its test set too.
+    fold = str.lower if runner.spec.tokenizer.lowercase else str
     texts, gold = [], []
     for doc in heldout_documents(data_dir, fraction, 10_000):
         for sentence in doc:
@@ -179,12 +182,12 @@ def evaluate_mlm(
             candidates = [
                 i
                 for i, w in enumerate(words)
-                if w.isalpha() and len(w) >= 3 and tok.token_to_id(w) is not None
+                if w.isalpha() and len(w) >= 3 and tok.token_to_id(fold(w)) is not None
             ]
             if not 6 <= len(words) <= 60 or not candidates:  # short enough that nothing is cut
                 continue
             i = rng.choice(candidates)
-            gold.append(words[i])
+            gold.append(fold(words[i]))
             texts.append(" ".join([*words[:i], "[MASK]", *words[i + 1 :]]))
         if len(texts) >= sentences:
             break

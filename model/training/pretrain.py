@@ -22,8 +22,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from model.checkpoint import load_model
 from model.config import BertConfig
 from model.heads import BertForPreTraining
+from model.sources import resolve_init, write_provenance
 from model.tokenizer import BertTokenizer
 from model.training.data.pretraining import (
     MaskingConfig,
@@ -54,7 +56,9 @@ def prepare_data(recipe: Recipe, data_dir: Path, out: Path) -> None:
     """Train the vocabulary on the training documents and write train/heldout pair shards."""
     settings = recipe.data
     stamp = out / "settings.json"
-    wanted = json.dumps(recipe.to_dict()["data"] | {"seed": recipe.train.seed}, sort_keys=True)
+    wanted = json.dumps(
+        recipe.to_dict()["data"] | {"seed": recipe.train.seed, "init": recipe.init}, sort_keys=True
+    )
     if stamp.is_file() and stamp.read_text() == wanted:
         log.info("reusing prepared data in %s", out)
         return
@@ -66,11 +70,14 @@ def prepare_data(recipe: Recipe, data_dir: Path, out: Path) -> None:
         raise ValueError(f"{len(docs)} documents give {len(train)} train / {len(heldout)} held out")
     log.info("%d documents: %d train, %d held out", len(docs), len(train), len(heldout))
 
-    tokenizer = BertTokenizer.train(
-        texts=(s for d in train for s in d.sentences),
-        vocab_size=settings.vocab_size,
-        lowercase=settings.lowercase,
-    )
+    if recipe.init:  # the checkpoint's own vocabulary: its embeddings are indexed by it
+        tokenizer = BertTokenizer.load(resolve_init(recipe.init)[0])
+    else:
+        tokenizer = BertTokenizer.train(
+            texts=(s for d in train for s in d.sentences),
+            vocab_size=settings.vocab_size,
+            lowercase=settings.lowercase,
+        )
     tokenizer.save(out)
     rng = random.Random(recipe.train.seed)
     for name, split, dupes in (("train", train, settings.dupe_factor), ("heldout", heldout, 1)):
@@ -125,6 +132,44 @@ def model_config(recipe: Recipe, tokenizer: BertTokenizer) -> BertConfig:
         pad_token_id=tokenizer.pad_id,
         **recipe.model.__dict__,
     )
+
+
+def build_model(
+    recipe: Recipe, tokenizer: BertTokenizer, out: Path | None = None
+) -> BertForPreTraining:
+    """The model to pre-train: BERT's random initialisation in the recipe's shape, or (with
+    `init`) the checkpoint's encoder and pooler under new MLM/NSP heads where it has none, with
+    `frozen_layers` frozen. The provenance of `init` is written to `out`."""
+    if not recipe.init:
+        return BertForPreTraining(model_config(recipe, tokenizer))
+    source, provenance = resolve_init(recipe.init)
+    dropout = {
+        "hidden_dropout_prob": recipe.model.hidden_dropout_prob,
+        "attention_probs_dropout_prob": recipe.model.attention_probs_dropout_prob,
+    }
+    model = load_model(source, BertForPreTraining.architecture, **dropout)
+    if model.config.vocab_size != tokenizer.vocab_size:
+        raise ValueError(
+            f"{recipe.init}: {model.config.vocab_size} embeddings for a vocabulary of "
+            f"{tokenizer.vocab_size}; prepared data from another tokenizer? (remove OUT/data)"
+        )
+    freeze(model, recipe.train.frozen_layers)
+    if out is not None:
+        write_provenance(out, provenance)
+    return model  # type: ignore[return-value]
+
+
+def freeze(model: BertForPreTraining, layers: int) -> None:
+    """No gradients for the embeddings (and so the tied MLM decoder) and the first `layers`
+    encoder layers; 0 freezes nothing."""
+    if layers <= 0:
+        return
+    encoder = model.bert.encoder.layer
+    if layers > len(encoder):
+        raise ValueError(f"frozen_layers {layers}: the model has {len(encoder)} layers")
+    for module in (model.bert.embeddings, *encoder[:layers]):
+        for parameter in module.parameters():
+            parameter.requires_grad_(False)
 
 
 # --- evaluation ---------------------------------------------------------------------------------
@@ -209,7 +254,7 @@ def pretrain(
         )
 
     torch.manual_seed(t.seed)
-    model: torch.nn.Module = BertForPreTraining(model_config(recipe, tokenizer)).to(d.device)
+    model: torch.nn.Module = build_model(recipe, tokenizer, out if d.main else None).to(d.device)
     optimizer = build_optimizer(model, t.lr, t.weight_decay, (t.beta1, t.beta2))
     scheduler = warmup_linear_decay(
         optimizer, max(1, int(t.warmup_fraction * t.max_steps)), t.max_steps

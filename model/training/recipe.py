@@ -53,12 +53,20 @@ class TrainSettings:
     log_every: int = 10
     seed: int = 1234
     threads: int = 0  # torch intra-op threads on CPU; 0 = torch's default (all cores)
+    # Continued pre-training: the embeddings and the first N encoder layers stay as the init
+    # checkpoint has them (no gradients: cheaper steps, and the tied decoder keeps its vocabulary
+    # space). 0 trains everything.
+    frozen_layers: int = 0
 
 
 @dataclass(frozen=True)
 class Recipe:
     name: str
     description: str = ""
+    # A published or earlier checkpoint to continue from (a directory or an installed package, as
+    # `finetune --init`): its vocabulary and shape replace [data] vocab_size/lowercase and the
+    # [model] shape; [model]'s dropout still applies. "" = pre-train from scratch.
+    init: str = ""
     model: ModelShape = field(default_factory=ModelShape)
     data: DataSettings = field(default_factory=DataSettings)
     train: TrainSettings = field(default_factory=TrainSettings)
@@ -70,10 +78,15 @@ class Recipe:
             section = data.get(key, {})
             check_keys(kind, section, f"recipe {name!r} [{key}]")
             parts[key] = kind(**section)
-        unknown = sorted(set(data) - {"model", "data", "train", "description", "name"})
+        unknown = sorted(set(data) - {"model", "data", "train", "description", "name", "init"})
         if unknown:
             raise ValueError(f"recipe {name!r}: unknown top-level keys {unknown}")
-        return cls(name=data.get("name", name), description=data.get("description", ""), **parts)
+        return cls(
+            name=data.get("name", name),
+            description=data.get("description", ""),
+            init=data.get("init", ""),
+            **parts,
+        )
 
     @classmethod
     def load(cls, name_or_path: str | Path) -> Recipe:

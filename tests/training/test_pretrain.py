@@ -138,3 +138,34 @@ def test_two_process_torchrun_matches_one_process_accumulating(tmp_path):
     for (_, loss_1, norm_1), (_, loss_2, norm_2) in zip(one, two, strict=True):
         assert loss_1 == pytest.approx(loss_2, rel=1e-5)
         assert norm_1 == pytest.approx(norm_2, rel=1e-4)
+
+
+def test_continued_pretraining_starts_from_the_checkpoint_and_keeps_frozen_layers(
+    tmp_path, uninterrupted
+):
+    """`init` = a checkpoint: its vocabulary (no new one trained), its weights; the embeddings
+    (so the tied decoder) and the first `frozen_layers` stay exactly as they were, the rest
+    trains; the provenance of the start is written beside the result."""
+    import torch
+
+    from model.sources import read_provenance
+    from model.tokenizer import BertTokenizer
+
+    recipe = write_recipe(tmp_path / "continue.toml", frozen_layers=1, max_steps=6)
+    recipe.write_text(f'init = "{uninterrupted}"\n' + recipe.read_text())
+    out = tmp_path / "continued"
+    assert (
+        main(["pretrain", "--recipe", str(recipe), "--data", str(FIXTURE), "--out", str(out)]) == 0
+    )
+    before = load_model(uninterrupted).state_dict()
+    after = load_model(out).state_dict()
+    frozen = [k for k in before if k.startswith(("bert.embeddings.", "bert.encoder.layer.0."))]
+    trained = [k for k in before if k.startswith("bert.encoder.layer.1.")]
+    assert frozen and trained
+    assert all(torch.equal(before[k], after[k]) for k in frozen)
+    assert all(not torch.equal(before[k], after[k]) for k in trained if k.endswith("weight"))
+    start = BertTokenizer.load(uninterrupted).tokenizer.get_vocab()
+    assert BertTokenizer.load(out / "data").tokenizer.get_vocab() == start
+    provenance = read_provenance(out)
+    assert provenance is not None and provenance.to_dict()["sha256"]
+    assert json.loads((out / "recipe.json").read_text())["init"] == str(uninterrupted)
