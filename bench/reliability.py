@@ -385,6 +385,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--bundles", type=Path, default=ROOT / "bundles")
     parser.add_argument("--classify-bundle", default="sst2-tiny-distilled")
+    parser.add_argument("--ner-bundle", default="conll-tiny-distilled", help="for /ner bodies")
     parser.add_argument("--overload-seconds", type=float, default=60)
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench")
     parser.add_argument("--report", type=Path, default=ROOT / "docs" / "reliability.md")
@@ -399,13 +400,14 @@ def main() -> None:
     started = time.time()
     bodies = write_bodies("classify", args.data, args.work / "inputs")
     ready = bodies.read_text().splitlines()[0].encode()
-    # Only the bundle under test: with every shipped bundle, /classify would go to the default
-    # model (MiniLM) whatever --classify-bundle says.
+    # Only the bundles under test: with every shipped bundle, /classify would go to the default
+    # model (MiniLM) whatever --classify-bundle says. The NER one is for the hostile bodies.
     bundle = args.bundles / args.classify_bundle
     only = args.work / "bundles"
     shutil.rmtree(only, ignore_errors=True)
     only.mkdir(parents=True)
-    (only / args.classify_bundle).symlink_to(bundle.resolve())
+    for name in (args.classify_bundle, args.ner_bundle):
+        (only / name).symlink_to((args.bundles / name).resolve())
     args.bundles, bundle = only, only / args.classify_bundle
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
