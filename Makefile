@@ -10,7 +10,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: help check-python install install-serve test lint format serve clean pretrained teacher \
-	student bundle embeddings models bench reliability image-test
+	student bundle embeddings pretrained-minilm models bench reliability image-test
 
 help:
 	@echo "make test    lint and run the test suite (creates $(VENV) on first use)"
@@ -103,6 +103,19 @@ pretrained: $(STAMP)  ## the pre-trained checkpoint and its fill-mask/nsp bundle
 		--data $(DATA)/wikipedia-en-2015/text --record
 	$(PY) -m export verify bundles/pretrained-wiki-tiny
 
+# all-MiniLM-L6-v2 given MLM + NSP heads by continued pre-training on Wikipedia: the default for
+# /fill-mask and /nsp (about 1.5 h on 2 cores: docs/model-card.md).
+pretrained-minilm: $(STAMP)
+	$(PY) -m model.training pretrain --recipe pretrain-minilm \
+		--data $(DATA)/wikipedia-en-2015/text --out runs/pretrain-minilm
+	$(PY) -m export --checkpoint runs/pretrain-minilm --task fill-mask --max-seq-len 128 \
+		--precision $(or $(PRECISION),int8) --default --out bundles/minilm-wiki-mlm
+	$(PY) -m model.training evaluate --task nsp --bundle bundles/minilm-wiki-mlm \
+		--data $(DATA)/wikipedia-en-2015/text --record
+	$(PY) -m model.training evaluate --task mlm --bundle bundles/minilm-wiki-mlm \
+		--data $(DATA)/wikipedia-en-2015/text --record
+	$(PY) -m export verify bundles/minilm-wiki-mlm
+
 # Every bundle: train (or take) the weights, export at the shipped precision, evaluate through
 # the service's code into bundle.json, verify. Hours are this 2-core machine's (docs/model-card.md).
 BUNDLE = $(PY) -m export --out bundles/$(NAME) $(EXPORT_ARGS) && \
@@ -147,3 +160,4 @@ models: $(STAMP)
 	$(MAKE) student TASK=classify SET=sst2 NAME=sst2-tiny-distilled TEACHER=sst2-minilm
 	$(MAKE) student TASK=ner SET=conll2003 NAME=conll-tiny-distilled TEACHER=conll-minilm
 	$(MAKE) embeddings
+	$(MAKE) pretrained-minilm

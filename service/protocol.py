@@ -14,7 +14,10 @@ The body's own timeout is the app's (service.app.BodyLimit)."""
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
+import termios
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
@@ -109,6 +112,31 @@ class GuardedProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.write(TIMEOUT_RESPONSE)
             self.transport.close()
+
+    # --- closing an idle connection: not while a request waits unread in its socket ----------
+
+    def _request_waiting(self) -> bool:
+        """Bytes in the socket that the loop has not read yet. Under load the loop can run the
+        keep-alive timer (or a drain's shutdown) before it reads a request the client has
+        already sent on the idle connection; closing then resets that request."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        waiting = array.array("i", [0])
+        try:
+            fcntl.ioctl(sock.fileno(), termios.FIONREAD, waiting, True)
+        except OSError:
+            return False
+        return waiting[0] > 0
+
+    def timeout_keep_alive_handler(self) -> None:
+        if not self._request_waiting():
+            super().timeout_keep_alive_handler()
+
+    def shutdown(self) -> None:
+        if (self.cycle is None or self.cycle.response_complete) and self._request_waiting():
+            return  # it is read next; draining, the gate answers it 503 and closes
+        super().shutdown()
 
     # --- the gate: refuse from the request line and headers, before any ASGI task --------------
 

@@ -193,3 +193,45 @@ def test_a_drain_answers_the_accept_queue_before_it_closes_the_listener(bundle_d
             sock.close()
         with pytest.raises(ConnectionRefusedError):
             connect(live)
+
+
+def test_an_idle_connection_with_a_request_waiting_is_not_closed_by_the_keep_alive_timer(
+    bundle_dir,
+):
+    """The loop may run the keep-alive timer before it reads a request already in the socket;
+    closing then would reset that request. Simulated: reading paused, the request sent, the
+    timer's handler run, reading resumed: the request is answered on the same connection."""
+    with live_server(bundles=bundle_dir) as live:
+        with connect(live) as sock:
+            sock.sendall(post("/classify"))
+            assert read_response(sock)[0] == 200
+            (protocol,) = [
+                p for p in live.server.server_state.connections if p.transport is not None
+            ]
+            loop = protocol.loop
+            asyncio.run_coroutine_threadsafe(_call(protocol.transport.pause_reading), loop).result()
+            sock.sendall(post("/classify", x_request_id="waiting"))
+            time.sleep(0.2)  # in the kernel's buffer, unread
+            asyncio.run_coroutine_threadsafe(
+                _call(protocol.timeout_keep_alive_handler), loop
+            ).result()
+            assert not protocol.transport.is_closing()
+            asyncio.run_coroutine_threadsafe(
+                _call(protocol.transport.resume_reading), loop
+            ).result()
+            status, headers, _ = read_response(sock)
+            assert status == 200 and headers["x-request-id"] == "waiting"
+        # With nothing waiting, the timer still closes an idle connection.
+        with connect(live) as sock:
+            sock.sendall(post("/classify"))
+            assert read_response(sock)[0] == 200
+            asyncio.run(until(lambda: len(live.server.server_state.connections) == 1))
+            (protocol,) = list(live.server.server_state.connections)
+            asyncio.run_coroutine_threadsafe(
+                _call(protocol.timeout_keep_alive_handler), protocol.loop
+            ).result()
+            assert closed_by_server(sock)
+
+
+async def _call(fn) -> None:
+    fn()
