@@ -109,7 +109,8 @@ pretrained-minilm: $(STAMP)
 	$(PY) -m model.training pretrain --recipe pretrain-minilm \
 		--data $(DATA)/wikipedia-en-2015/text --out runs/pretrain-minilm
 	$(PY) -m export --checkpoint runs/pretrain-minilm --task fill-mask --max-seq-len 128 \
-		--precision $(or $(PRECISION),int8) --default --out bundles/minilm-wiki-mlm
+		--precision fp16-weights --eval-data $(DATA)/sst2/dev.tsv --default \
+		--out bundles/minilm-wiki-mlm
 	$(PY) -m model.training evaluate --task nsp --bundle bundles/minilm-wiki-mlm \
 		--data $(DATA)/wikipedia-en-2015/text --record
 	$(PY) -m model.training evaluate --task mlm --bundle bundles/minilm-wiki-mlm \
