@@ -155,7 +155,7 @@ class Batcher:
         limit, 504 past the deadline. Cancelling the awaiting task cancels its rows."""
         refused = self.refusal(len(rows))
         if refused is not None:
-            raise Overloaded(refused, headers={"Retry-After": "1"})
+            raise Overloaded(f"{refused}; retry shortly", headers={"Retry-After": "1"})
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + self.settings.request_timeout_s
         items = [_Item(row, loop.create_future(), deadline) for row in rows]

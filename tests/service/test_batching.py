@@ -108,5 +108,7 @@ def test_admission_refuses_past_the_queued_work_the_model_can_clear_in_time():
     assert 25 < rate < 55  # 1 row / (20 ms + the loop's share of the cycle)
     assert 0.1 < wait < 0.3  # admitted up to ~100 ms of work, then refused
     assert 10 <= len(refused) <= 17
-    assert {str(e) for e in refused} == {"model m has over 100 ms of work queued (the limit)"}
+    assert {str(e) for e in refused} == {
+        "model m has over 100 ms of work queued (the limit); retry shortly"
+    }
     assert all(isinstance(e, Overloaded) for e in refused)
