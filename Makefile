@@ -95,33 +95,26 @@ pretrained: $(STAMP)  ## the pre-trained checkpoint and its fill-mask/nsp bundle
 		--out runs/pretrain-cpu
 	mkdir -p $(PRETRAINED)
 	cd runs/pretrain-cpu && cp $(CHECKPOINT_FILES) $(CURDIR)/$(PRETRAINED)/
-	$(PY) -m export --checkpoint $(PRETRAINED) --task fill-mask --max-seq-len 128 \
-		--out bundles/pretrained-wiki-tiny
-	$(PY) -m model.training evaluate --task nsp --bundle bundles/pretrained-wiki-tiny \
-		--data $(DATA)/wikipedia-en-2015/text --record
-	$(PY) -m model.training evaluate --task mlm --bundle bundles/pretrained-wiki-tiny \
-		--data $(DATA)/wikipedia-en-2015/text --record
-	$(PY) -m export verify bundles/pretrained-wiki-tiny
+	$(MAKE) bundle NAME=pretrained-wiki-tiny EVAL_TASK="nsp mlm" SET=wikipedia-en-2015/text \
+		EXPORT_ARGS="--checkpoint $(PRETRAINED) --task fill-mask --max-seq-len 128"
 
 # all-MiniLM-L6-v2 given MLM + NSP heads by continued pre-training on Wikipedia: the default for
-# /fill-mask and /nsp (about 1.5 h on 2 cores: docs/model-card.md).
+# /fill-mask and /nsp (about 1.2 h on 2 cores: docs/model-card.md).
 pretrained-minilm: $(STAMP)
 	$(PY) -m model.training pretrain --recipe pretrain-minilm \
 		--data $(DATA)/wikipedia-en-2015/text --out runs/pretrain-minilm
-	$(PY) -m export --checkpoint runs/pretrain-minilm --task fill-mask --max-seq-len 128 \
-		--precision fp16-weights --eval-data $(DATA)/sst2/dev.tsv --default \
-		--out bundles/minilm-wiki-mlm
-	$(PY) -m model.training evaluate --task nsp --bundle bundles/minilm-wiki-mlm \
-		--data $(DATA)/wikipedia-en-2015/text --record
-	$(PY) -m model.training evaluate --task mlm --bundle bundles/minilm-wiki-mlm \
-		--data $(DATA)/wikipedia-en-2015/text --record
-	$(PY) -m export verify bundles/minilm-wiki-mlm
+	$(MAKE) bundle NAME=minilm-wiki-mlm EVAL_TASK="nsp mlm" SET=wikipedia-en-2015/text \
+		EXPORT_ARGS="--checkpoint runs/pretrain-minilm --task fill-mask --max-seq-len 128 \
+		--precision fp16-weights --eval-data $(DATA)/sst2/dev.tsv --default"
 
-# Every bundle: train (or take) the weights, export at the shipped precision, evaluate through
-# the service's code into bundle.json, verify. Hours are this 2-core machine's (docs/model-card.md).
+# Every bundle: train (or take) the weights, export at the shipped precision, evaluate each of
+# EVAL_TASK through the service's code into bundle.json, verify. Hours are this 2-core machine's
+# (docs/model-card.md).
 BUNDLE = $(PY) -m export --out bundles/$(NAME) $(EXPORT_ARGS) && \
-	$(PY) -m model.training evaluate --task $(EVAL_TASK) --bundle bundles/$(NAME) \
-		--data $(DATA)/$(SET) --record && \
+	for task in $(EVAL_TASK); do \
+		$(PY) -m model.training evaluate --task $$task --bundle bundles/$(NAME) \
+			--data $(DATA)/$(SET) --record || exit 1; \
+	done && \
 	$(PY) -m export verify bundles/$(NAME)
 
 # A teacher from the published checkpoint: make teacher TASK=classify SET=sst2 NAME=sst2-minilm

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from pathlib import Path
 
 from bench.ceiling import measure
 from bench.inputs import write_bodies
 from bench.loadgen import closed_loop
-from bench.servers import OURS, serve
+from bench.servers import OURS, only_bundles, serve
 
 
 def batched_bodies(single: Path, batch: int, out: Path) -> Path:
@@ -46,14 +45,13 @@ def main() -> None:
     bodies = batched_bodies(
         single, args.batch, args.work / "inputs" / f"classify-x{args.batch}.jsonl"
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        only = Path(tmp) / args.bundle.name
-        only.symlink_to(args.bundle.resolve())
-        first = bodies.read_text().splitlines()[0].encode()
-        with serve(OURS, Path(tmp), only, args.port, first, args.work / "client-batch.log") as s:
-            url = f"{s.base}/classify"
-            closed_loop(url, bodies, args.connections, 2)  # warm
-            load = closed_loop(url, bodies, args.connections, args.seconds)
+    only = only_bundles(args.bundle.parent, [args.bundle.name], args.work / "client-batch-bundles")
+    first = bodies.read_text().splitlines()[0].encode()
+    log = args.work / "client-batch.log"
+    with serve(OURS, only, only / args.bundle.name, args.port, first, log) as server:
+        url = f"{server.base}/classify"
+        closed_loop(url, bodies, args.connections, 2)  # warm
+        load = closed_loop(url, bodies, args.connections, args.seconds)
     sequences = load.throughput * args.batch
     result = {
         "bundle": args.bundle.name,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import signal
 import socket
 import threading
@@ -27,7 +26,7 @@ from pathlib import Path
 from bench.inputs import write_bodies
 from bench.loadgen import closed_loop, open_loop
 from bench.run import log
-from bench.servers import OURS, serve
+from bench.servers import OURS, only_bundles, serve
 
 ROOT = Path(__file__).resolve().parent.parent
 PORT = 8198
@@ -400,15 +399,10 @@ def main() -> None:
     started = time.time()
     bodies = write_bodies("classify", args.data, args.work / "inputs")
     ready = bodies.read_text().splitlines()[0].encode()
-    # Only the bundles under test: with every shipped bundle, /classify would go to the default
-    # model (MiniLM) whatever --classify-bundle says. The NER one is for the hostile bodies.
+    # The NER bundle is for the hostile bodies.
+    names = [args.classify_bundle, args.ner_bundle]
+    args.bundles = only_bundles(args.bundles, names, args.work / "bundles")
     bundle = args.bundles / args.classify_bundle
-    only = args.work / "bundles"
-    shutil.rmtree(only, ignore_errors=True)
-    only.mkdir(parents=True)
-    for name in (args.classify_bundle, args.ner_bundle):
-        (only / name).symlink_to((args.bundles / name).resolve())
-    args.bundles, bundle = only, only / args.classify_bundle
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
     log("overload and hostile bodies (real server process)")

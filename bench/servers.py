@@ -5,6 +5,7 @@ goes when it stops."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,6 +35,17 @@ class Server:
 
     def url(self, endpoint: str) -> str:
         return f"{self.base}/{endpoint}"
+
+
+def only_bundles(source: Path, names: list[str], out: Path) -> Path:
+    """A bundles directory `out` holding just `names` (links into `source`): bertserve serves
+    every bundle it finds, and with the shipped ones /classify goes to the default model (MiniLM)
+    whatever bundle a bench means to measure."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for name in names:
+        (out / name).symlink_to((source / name).resolve())
+    return out
 
 
 def command(name: str, bundles: Path, bundle: Path, port: int) -> list[str]:

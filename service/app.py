@@ -119,8 +119,10 @@ class RequestContext:
 
         metrics = self.state.metrics
         app = self.app
-        # What the protocol refuses before a task exists (service.state.refusal), here again for
-        # any other server; then the API key, before the body is read or parsed.
+        # The protocol's refusal (service.state.refusal) again, where the in-flight count goes
+        # up: requests that reach their headers in the same loop turn all pass the protocol's
+        # check before any of them is counted (and any other server has no protocol check).
+        # Then the API key, before the body is read or parsed.
         refusal = self.state.refusal(scope["method"], scope["path"])
         if refusal is not None:
             app = service_error_response(refusal, metrics)

@@ -47,6 +47,12 @@ class NotReady(ServiceError):
     status, error_type = 503, "unavailable"
 
 
+class RequestTimeout(ServiceError):
+    """The client did not send its request (headers or body) in time."""
+
+    status, error_type = 408, "timeout"
+
+
 class DeadlineExceeded(ServiceError):
     status, error_type = 504, "timeout"
 

@@ -27,14 +27,7 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.asgi import SAFE_ID
-from service.errors import ServiceError
-
-_TIMEOUT_BODY = b'{"error": "the request headers did not arrive in time", "error_type": "timeout"}'
-TIMEOUT_RESPONSE = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-    + b"content-length: %d\r\n\r\n" % len(_TIMEOUT_BODY)
-    + _TIMEOUT_BODY
-)
+from service.errors import RequestTimeout, ServiceError
 
 
 def encode(error: ServiceError, request_id: bytes | None = None) -> bytes:
@@ -49,6 +42,9 @@ def encode(error: ServiceError, request_id: bytes | None = None) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
+TIMEOUT_RESPONSE = encode(
+    RequestTimeout("the request headers did not arrive in time", {"Connection": "close"})
+)
 Gate = Callable[[str, str, int], "ServiceError | None"]  # (method, path, connections) -> refusal
 Refused = Callable[[str, ServiceError], None]  # count it: (path, refusal)
 

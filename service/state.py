@@ -68,7 +68,6 @@ class ServiceState:
     worker: int | None = None  # this process's slot among the supervisor's workers
     peers_ready: Callable[[], bool] = lambda: True  # every worker ready (workers > 1)
     _warming: asyncio.Task[None] | None = None
-    _refusals: dict[str, ServiceError] = field(default_factory=dict)
 
     @property
     def dead(self) -> str | None:
@@ -101,48 +100,41 @@ class ServiceState:
         """Every serving process of this port is ready (one process: this one)."""
         return self.ready_here and self.peers_ready()
 
+    def __post_init__(self) -> None:
+        limits = self.settings
+        # The refusals that depend only on the settings: one instance each, encoded once.
+        self._draining = NotReady("the service is shutting down; retry", DRAINING_HEADERS)
+        self._crowded = NotReady(
+            f"{limits.max_in_flight} requests in flight (the limit); retry shortly", RETRY_HEADERS
+        )
+        self._connections = NotReady(
+            f"this process has {limits.max_connections} connections open (the limit); "
+            "retry shortly",
+            DRAINING_HEADERS,
+        )
+        self._overloaded: dict[str, Overloaded] = {}  # by reason: a few fixed texts a model
+
     def refusal(self, method: str, path: str, connections: int = 0) -> ServiceError | None:
         """Why this request is answered at once, before its body is parsed (None: it is admitted).
         One decision for both places that enforce it: the HTTP protocol (service.protocol: no
-        ASGI task at all) and the outermost middleware (any other server). The probes and
-        /metrics always pass; the API key is checked after this, so an overloaded or draining
-        service refuses unauthenticated requests the same way."""
+        ASGI task at all) and the outermost middleware. The probes and /metrics always pass;
+        the API key is checked after this, so an overloaded or draining service refuses
+        unauthenticated requests the same way."""
         if path in PUBLIC_PATHS:
             return None
         if self.draining:  # the client should go elsewhere: this connection ends with it
-            return self._refusals.get("draining") or self._refuse(
-                "draining", NotReady("the service is shutting down; retry", DRAINING_HEADERS)
-            )
-        limits = self.settings
-        if connections > limits.max_connections:
-            return self._refusals.get("connections") or self._refuse(
-                "connections",
-                NotReady(
-                    f"this process has {limits.max_connections} connections open (the limit); "
-                    "retry shortly",
-                    DRAINING_HEADERS,
-                ),
-            )
-        if self.in_flight >= limits.max_in_flight:
-            return self._refusals.get("in_flight") or self._refuse(
-                "in_flight",
-                NotReady(
-                    f"{limits.max_in_flight} requests in flight (the limit); retry shortly",
-                    RETRY_HEADERS,
-                ),
-            )
+            return self._draining
+        if connections > self.settings.max_connections:
+            return self._connections
+        if self.in_flight >= self.settings.max_in_flight:
+            return self._crowded
         task = TASKS.get(path)
-        if task is not None and method == "POST":
-            busy = self.saturated(task.capability)
-            if busy is not None:
-                return self._refusals.get(busy) or self._refuse(
-                    busy, Overloaded(busy, RETRY_HEADERS)
-                )
-        return None
-
-    def _refuse(self, key: str, error: ServiceError) -> ServiceError:
-        self._refusals[key] = error  # one instance each: the protocol encodes it once
-        return error
+        busy = self.saturated(task.capability) if task is not None and method == "POST" else None
+        if busy is None:
+            return None
+        if busy not in self._overloaded:
+            self._overloaded[busy] = Overloaded(busy, RETRY_HEADERS)
+        return self._overloaded[busy]
 
     def saturated(self, task: str) -> str | None:
         """Why a request for `task` would be refused for load, when every model serving it has

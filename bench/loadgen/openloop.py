@@ -104,14 +104,18 @@ async def run(args: argparse.Namespace) -> dict:
     loop = asyncio.get_running_loop()
     idle: list[_Connection] = []
     open_count = 0
-    statuses: dict[str, int] = {}
-    latencies: list[float] = []
-    by_status: dict[int, list[float]] = {}
+    latencies: dict[int, list[float]] = {}  # by status: seconds from scheduled to answered
     errors = unsent = sent = 0
     outstanding = 0
     answered: list[tuple[str, int]] = []  # (X-Request-ID, status), with --ids-out
     error_kinds: dict[str, int] = {}
     finished = asyncio.Event()
+
+    def settle() -> None:
+        nonlocal outstanding
+        outstanding -= 1
+        if outstanding == 0 and finished_sending:
+            finished.set()
 
     def failed(phase: str, exc: BaseException) -> None:
         # "connect:ConnectionRefusedError": nothing listened (never admitted, safe to retry
@@ -124,20 +128,15 @@ async def run(args: argparse.Namespace) -> dict:
         error_kinds[kind] = error_kinds.get(kind, 0) + 1
 
     def exchange(conn: _Connection, request: bytes, scheduled: float, rid: str | None) -> None:
-        nonlocal outstanding
-
         def done(status: int | None, keep: bool, exc: BaseException | None) -> None:
-            nonlocal open_count, outstanding
+            nonlocal open_count
             timer.cancel()
-            outstanding -= 1
             if status is None:
                 failed("exchange", exc or TimeoutError())
                 conn.close()
                 open_count -= 1
             else:
-                latencies.append(time.perf_counter() - scheduled)
-                by_status.setdefault(status, []).append(latencies[-1])
-                statuses[str(status)] = statuses.get(str(status), 0) + 1
+                latencies.setdefault(status, []).append(time.perf_counter() - scheduled)
                 if rid is not None:
                     answered.append((rid, status))
                 if keep and not conn.lost:
@@ -145,8 +144,7 @@ async def run(args: argparse.Namespace) -> dict:
                 else:
                     conn.close()
                     open_count -= 1
-            if outstanding == 0 and finished_sending:
-                finished.set()
+            settle()
 
         def timed_out() -> None:
             if conn.done is done:
@@ -157,7 +155,7 @@ async def run(args: argparse.Namespace) -> dict:
         conn.send(request, done)
 
     async def connect_then(request: bytes, scheduled: float, rid: str | None) -> None:
-        nonlocal open_count, outstanding
+        nonlocal open_count
         try:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(_Connection, host, port), args.timeout
@@ -165,9 +163,7 @@ async def run(args: argparse.Namespace) -> dict:
         except (TimeoutError, OSError) as exc:
             failed("connect", exc)
             open_count -= 1
-            outstanding -= 1
-            if outstanding == 0 and finished_sending:
-                finished.set()
+            settle()
             return
         exchange(conn, request, scheduled, rid)
 
@@ -218,13 +214,14 @@ async def run(args: argparse.Namespace) -> dict:
     if args.ids_out:
         with open(args.ids_out, "w") as f:
             f.writelines(f"{rid} {status}\n" for rid, status in answered)
-    lat = np.array(latencies) * 1000 if latencies else np.zeros(1)
+    every = [x for v in latencies.values() for x in v]
+    lat = np.array(every) * 1000 if every else np.zeros(1)
     return {
         "offered": args.rate,
         "sent": sent,
         "unsent": unsent,
-        "responses": len(latencies),
-        "statuses": statuses,
+        "responses": len(every),
+        "statuses": {str(k): len(v) for k, v in latencies.items()},
         "errors": errors,
         "error_kinds": error_kinds,
         "seconds": offered_until - start,
@@ -233,7 +230,7 @@ async def run(args: argparse.Namespace) -> dict:
         "p95_ms": float(np.percentile(lat, 95)),
         "p99_ms": float(np.percentile(lat, 99)),
         "max_ms": float(lat.max()),
-        "over_1s": int((lat > 1000).sum()) if latencies else 0,
+        "over_1s": int((lat > 1000).sum()) if every else 0,
         "by_status": {
             str(k): {
                 "p50_ms": float(np.percentile(v, 50) * 1000),
@@ -241,7 +238,7 @@ async def run(args: argparse.Namespace) -> dict:
                 "max_ms": float(max(v) * 1000),
                 "over_1s": sum(1 for x in v if x > 1),
             }
-            for k, v in sorted(by_status.items())
+            for k, v in sorted(latencies.items())
         },
         "client_cpu_s": (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime),
     }
