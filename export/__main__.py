@@ -1,5 +1,7 @@
 """`python -m export --checkpoint DIR --task T --out OUT [...]` builds a bundle;
-`python -m export verify OUT` checks one. Errors are one line on stderr and exit status 2."""
+`python -m export verify OUT` checks one; `python -m export convert OUT --precision P
+--eval-data TSV` rewrites one at another precision without its checkpoint. Errors are one
+line on stderr and exit status 2."""
 
 from __future__ import annotations
 
@@ -19,12 +21,21 @@ EXAMPLES = """examples:
 VERIFY_EXAMPLES = """examples:
   {prog} bundles/sst2-classify     # loads it as the service does; parity with its checkpoint
 """
+CONVERT_EXAMPLES = """examples:
+  {prog} bundles/squad-minilm --precision fp16-weights-int8-embeddings \\
+      --eval-data DATA/sst2/dev.tsv     # then evaluate it again (its metrics are dropped)
+"""
+PRECISIONS = ["fp32", "fp16-weights", "fp16-weights-int8-embeddings", "fp16", "int8"]
+PRECISION_HELP = (
+    "fp16-weights: half the file, fp32 arithmetic; fp16-weights-int8-embeddings: the same with "
+    "the word-embedding table in int8 rows; fp16: for GPUs; int8: for CPUs"
+)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from export.bundle import build_bundle, report_json, verify
+    from export.bundle import build_bundle, convert_bundle, report_json, verify
     from model.checkpoint import CheckpointError
 
     try:
@@ -38,6 +49,31 @@ def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
             parser.add_argument("bundle", type=Path)
             args = parser.parse_args(argv[1:])
             print(report_json(verify(args.bundle)))  # noqa: T201
+            return 0
+        if argv[:1] == ["convert"]:
+            parser = argparse.ArgumentParser(
+                prog=f"{prog} convert",
+                description="Rewrite a bundle's graph at another precision, measured against "
+                "the graph it replaces; from fp32, or fp16-weights -> "
+                "fp16-weights-int8-embeddings.",
+                epilog=CONVERT_EXAMPLES.format(prog=f"{prog} convert"),
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+            )
+            parser.add_argument("bundle", type=Path)
+            parser.add_argument("--precision", required=True, choices=PRECISIONS)
+            parser.add_argument(
+                "--eval-data", required=True, type=Path, help="TSV of real text to measure it"
+            )
+            parser.add_argument("--force", action="store_true")
+            args = parser.parse_args(argv[1:])
+            spec = convert_bundle(
+                args.bundle,
+                args.precision,
+                args.eval_data,
+                args.force,
+                "python -m export " + shlex.join(argv),
+            )
+            print(f"rewrote {args.bundle}: {spec.precision}; {spec.variant_accuracy}")  # noqa: T201
             return 0
         parser = argparse.ArgumentParser(
             prog=prog,
@@ -61,8 +97,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
         parser.add_argument(
             "--precision",
             default="fp32",
-            choices=["fp32", "fp16-weights", "fp16", "int8"],
-            help="fp16-weights: half the file, fp32 arithmetic; fp16: for GPUs; int8: for CPUs",
+            choices=PRECISIONS,
+            help=PRECISION_HELP,
         )
         parser.add_argument("--max-seq-len", type=int, default=None)
         parser.add_argument(

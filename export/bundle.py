@@ -36,7 +36,7 @@ from export.parity import (
     sample_feeds,
     torch_outputs,
 )
-from export.variants import to_fp16, to_fp16_weights, to_int8
+from export.variants import CONVERT, RECONVERT
 from model.checkpoint import load_model, read_config, read_state_dict, sha256, weights_path
 from model.heads import BertPreTrainedModel
 from model.sources import read_provenance, resolve_init
@@ -87,7 +87,10 @@ def variant_accuracy(
     labels: list[int] | None,
     max_len: int,
     source: str,
+    reference: str = "fp32",
 ) -> dict[str, Any]:
+    """The variant against its reference graph on real texts: largest logit difference, top-1
+    agreement and, with labels, the accuracy of each."""
     ref_out, var_out, per_batch = {}, {}, []
     for start in range(0, len(texts), 64):
         feeds = sample_feeds(tokenizer, texts[start : start + 64], inputs, max_len)
@@ -98,7 +101,7 @@ def variant_accuracy(
             var_out.setdefault(name, []).append(b[name])
     compared = sum(r["compared"] for r in per_batch)
     result: dict[str, Any] = {
-        "reference": "fp32",
+        "reference": reference,
         "data": source,
         "texts": len(texts),
         "max_abs_diff": max(r["max_abs_diff"] for r in per_batch),
@@ -111,12 +114,12 @@ def variant_accuracy(
         gold = np.asarray(labels)
         acc = {
             name: float((np.concatenate(out["logits"]).argmax(-1) == gold).mean() * 100)
-            for name, out in (("fp32", ref_out), (precision, var_out))
+            for name, out in ((reference, ref_out), (precision, var_out))
         }
         result |= {
-            "accuracy_fp32": acc["fp32"],
+            f"accuracy_{reference}": acc[reference],
             f"accuracy_{precision}": acc[precision],
-            "accuracy_drop": acc["fp32"] - acc[precision],
+            "accuracy_drop": acc[reference] - acc[precision],
             "max_accuracy_drop": MAX_ACCURACY_DROP,
         }
     return result
@@ -145,7 +148,7 @@ def torch_parity(
 def variant_problem(result: dict[str, Any]) -> str | None:
     if result["top1_agreement"] < result["min_agreement"]:
         return (
-            f"top-1 agreement with fp32 is {result['top1_agreement']:.4f}, "
+            f"top-1 agreement with {result['reference']} is {result['top1_agreement']:.4f}, "
             f"below {result['min_agreement']}"
         )
     if result.get("accuracy_drop", 0.0) > MAX_ACCURACY_DROP:
@@ -202,8 +205,7 @@ def build_bundle(
         final = work / "fp32.onnx"
         if precision != "fp32":
             final = work / f"{precision}.onnx"
-            convert = {"fp16": to_fp16, "fp16-weights": to_fp16_weights, "int8": to_int8}
-            convert[precision](work / "fp32.onnx", final)
+            CONVERT[precision](work / "fp32.onnx", final)
             if eval_data is None:
                 problem = "not measured: give --eval-data (a TSV of real text)"
             else:
@@ -283,6 +285,78 @@ def build_bundle(
             shutil.rmtree(out)
         staging.rename(out)
     return spec
+
+
+def convert_bundle(
+    directory: Path,
+    precision: str,
+    eval_data: Path,
+    force: bool = False,
+    command: str | None = None,
+) -> BundleSpec:
+    """Rewrite a bundle's graph at another precision without its checkpoint: from fp32 to any,
+    or along `RECONVERT` (fp16-weights -> fp16-weights-int8-embeddings). The new graph is
+    measured against the old one on `eval_data` and refused, as at export, when it disagrees;
+    the bundle's task metrics are dropped (they were of the old graph: evaluate it again)."""
+    spec = load_bundle_spec(directory)
+    try:
+        check_model_file(directory, spec)
+    except BundleError as exc:
+        raise ValueError(str(exc)) from exc
+    if precision == spec.precision:
+        raise ValueError(f"{directory} is already {precision}")
+    convert = CONVERT.get(precision) if spec.precision == "fp32" else None
+    convert = convert or RECONVERT.get((spec.precision, precision))
+    if convert is None:
+        raise ValueError(
+            f"{directory} is {spec.precision}: it converts only from fp32, or along "
+            f"{sorted(RECONVERT)}; export {precision} from the checkpoint instead"
+        )
+    tokenizer = BertTokenizer.from_file(directory / spec.tokenizer.file)
+    old = directory / spec.model_file
+    with tempfile.TemporaryDirectory(prefix="bertserve-convert-") as tmp:
+        new = Path(tmp) / "model.onnx"
+        convert(old, new)
+        texts, labels = read_eval_data(eval_data)
+        accuracy = variant_accuracy(
+            old,
+            new,
+            precision,
+            tokenizer,
+            spec.inputs,
+            texts,
+            labels,
+            spec.max_seq_len,
+            str(eval_data),
+            reference=spec.precision,
+        )
+        problem = variant_problem(accuracy)
+        if problem and not force:
+            raise ValueError(f"{precision} variant refused: {problem} (--force to keep it)")
+        converted = spec.model_copy(
+            update={
+                "precision": precision,
+                "model_sha256": sha256(new),
+                "variant_accuracy": accuracy
+                | {"converted_from": {"precision": spec.precision, "sha256": spec.model_sha256}}
+                | ({"forced": problem} if problem else {}),
+                "export_parity": (spec.export_parity or {})
+                | {"graph": f"the {spec.precision} graph this one was converted from"},
+                "metrics": {},
+                "created_by": f"{spec.created_by}; then "
+                + (command or f"python -m export convert {directory} --precision {precision}"),
+                "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            }
+        )
+        staging = directory.with_name(directory.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(directory, staging)
+        shutil.copyfile(new, staging / spec.model_file)
+        (staging / "bundle.json").write_text(converted.model_dump_json(indent=2) + "\n", "utf-8")
+        load_bundle_spec(staging)
+        shutil.rmtree(directory)
+        staging.rename(directory)
+    return converted
 
 
 def verify(directory: Path) -> dict[str, Any]:

@@ -24,8 +24,25 @@ from model.tokenizer import BertTokenizer
 # fp16-weights 1e-2: the MLM logits (30,522 words, magnitudes up to ~20) of the MiniLM fill-mask
 # bundle move by up to 5.1e-3 (top-1 agreement 1.0); the SQuAD span logits and the embeddings
 # (the other fp16-weights bundles) by 1.7e-3 and 4.8e-4.
-TOLERANCE = {"fp32": 1e-4, "fp16-weights": 1e-2, "fp16": 5e-2, "int8": 1.0}
-MIN_AGREEMENT = {"fp32": 1.0, "fp16-weights": 0.99, "fp16": 0.99, "int8": 0.95}
+# fp16-weights-int8-embeddings 0.25 and 0.98: int8 rows of the word-embedding table move each
+# input by up to half a step of its row's scale; through the tied decoder of the MiniLM fill-mask
+# bundle its MLM logits (every position of 872 SST-2 sentences) move by up to 0.16 and 98.98% of
+# the top-1 words stay, while the measured tasks hold: whole-word top-1 21.35% (21.25 before),
+# NSP 89.15% (the same). (MEASURED-BELOW)
+TOLERANCE = {
+    "fp32": 1e-4,
+    "fp16-weights": 1e-2,
+    "fp16-weights-int8-embeddings": 0.25,
+    "fp16": 5e-2,
+    "int8": 1.0,
+}
+MIN_AGREEMENT = {
+    "fp32": 1.0,
+    "fp16-weights": 0.99,
+    "fp16-weights-int8-embeddings": 0.98,
+    "fp16": 0.99,
+    "int8": 0.95,
+}
 
 
 def sample_feeds(

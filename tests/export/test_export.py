@@ -294,3 +294,55 @@ def test_embedding_bundle_from_a_sentence_transformers_package(tmp_path):
     assert verify(tmp_path / "half")["parity"]["max_abs_diff"] < 5e-3
     size = {p: (tmp_path / p / "model.onnx").stat().st_size for p in ("fp32", "half")}
     assert size["half"] < 0.55 * size["fp32"]
+
+
+def test_int8_embedding_rows_shrink_the_table_and_keep_the_answers(checkpoints, tmp_path):
+    """fp16-weights-int8-embeddings: the word-embedding table (shared with the tied MLM decoder)
+    is stored once, as int8 rows and a scale column, and ONNX Runtime still agrees with torch."""
+    import onnx
+
+    spec = build_bundle(
+        checkpoints["BertForPreTraining"],
+        ["fill-mask"],
+        tmp_path / "b",
+        precision="fp16-weights-int8-embeddings",
+        eval_data=eval_tsv(tmp_path / "dev.tsv"),
+    )
+    assert spec.precision == "fp16-weights-int8-embeddings"
+    graph = onnx.load(str(tmp_path / "b" / "model.onnx")).graph
+    tables = [i for i in graph.initializer if list(i.dims) == [99, 32]]
+    assert [t.data_type for t in tables] == [onnx.TensorProto.INT8]
+    assert verify(tmp_path / "b")["parity"]["top1_agreement"] >= 0.98
+
+
+def test_convert_rewrites_a_bundle_without_its_checkpoint(checkpoints, tmp_path, capsys):
+    data = eval_tsv(tmp_path / "dev.tsv")
+    bundle = tmp_path / "qa"
+    build_bundle(
+        checkpoints["BertForQuestionAnswering"],
+        ["qa"],
+        bundle,
+        precision="fp16-weights",
+        eval_data=data,
+        metrics={"qa": {"f1": 1.0}},
+    )
+    before = load_bundle_spec(bundle)
+    target = "fp16-weights-int8-embeddings"
+    args = ["convert", str(bundle), "--precision", target, "--eval-data", str(data)]
+    assert main(args) == 0
+    after = load_bundle_spec(bundle)
+    assert after.precision == target and after.model_sha256 != before.model_sha256
+    acc = after.variant_accuracy
+    assert acc["reference"] == "fp16-weights" and acc["top1_agreement"] >= 0.98
+    assert acc["converted_from"] == {"precision": "fp16-weights", "sha256": before.model_sha256}
+    assert after.metrics == {}  # measured on the old graph: evaluate the new one
+    assert "then python -m export convert" in after.created_by
+    assert verify(bundle)["precision"] == target
+    assert not bundle.with_name("qa.tmp").exists()
+
+    capsys.readouterr()
+    assert main(args) == 2  # already that precision
+    assert "already fp16-weights-int8-embeddings" in capsys.readouterr().err
+    assert main(["convert", str(bundle), "--precision", "int8", "--eval-data", str(data)]) == 2
+    assert "converts only from fp32" in capsys.readouterr().err
+    assert load_bundle_spec(bundle).model_sha256 == after.model_sha256  # a refusal changes nothing
