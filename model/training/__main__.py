@@ -15,8 +15,6 @@ EXAMPLES = {
     "--data DATA/conll2003 --out runs/conll-baseline",
     "distil": "{prog} --task classify --teacher runs/minilm-sst2 "
     "--student checkpoints/pretrained-wiki-tiny --data DATA/sst2 --out runs/distil-sst2",
-    "nsp-head": "{prog} --checkpoint runs/pretrain-minilm --data DATA/wikipedia-en-2015/text "
-    "--out runs/minilm-wiki-mlm",
     "evaluate": "{prog} --task qa --bundle bundles/squad-qa --data DATA/squad-v1.1 --record",
 }
 
@@ -78,16 +76,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m model.training") 
     dis.add_argument("--out", required=True, type=Path)
     dis.add_argument("--recipe", default=None, help="default: distil-<data set>")
 
-    nh = command(
-        "nsp-head",
-        "fit a pre-trained model's pooler + NSP classifier to sentence pairs (encoder frozen)",
-    )
-    nh.add_argument("--checkpoint", required=True, type=Path, help="a BertForPreTraining")
-    nh.add_argument("--data", required=True, type=Path, help="WikiExtractor text directory")
-    nh.add_argument("--out", required=True, type=Path)
-    nh.add_argument("--pairs", type=int, default=20_000, help="training sentence pairs")
-    nh.add_argument("--threads", type=int, default=2)
-
     ev = command("evaluate", "evaluate a bundle through the service's code")
     ev.add_argument(
         "--task", required=True, choices=["classify", "ner", "qa", "nsp", "mlm", "embed"]
@@ -134,12 +122,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m model.training") 
                 DistilRecipe.load(name),
             )
             print(json.dumps(summary, indent=2))  # noqa: T201
-        elif args.command == "nsp-head":
-            from model.training.nsp_head import NspHeadRecipe, fit_nsp_head
-
-            recipe = NspHeadRecipe(pairs=args.pairs, threads=args.threads)
-            summary = fit_nsp_head(args.checkpoint, args.data, args.out, recipe)
-            print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2))  # noqa: T201
         else:
             from model.training.evaluate import evaluate
 
