@@ -127,13 +127,14 @@ teacher: $(STAMP)
 		--eval-data $(DATA)/sst2/dev.tsv --default"
 
 # A student distilled from a teacher into our pre-trained model:
-# make student TASK=classify SET=sst2 NAME=sst2-tiny-distilled TEACHER=sst2-minilm
+# make student TASK=classify SET=sst2 NAME=sst2-tiny-distilled TEACHER=runs/sst2-minilm
+# (TEACHER: a fine-tuned checkpoint, or a bundle: its logits by ONNX Runtime, no hints)
 student: $(STAMP)
-	$(PY) -m model.training distil --task $(TASK) --teacher runs/$(TEACHER) --student \
-		$(PRETRAINED) --data $(DATA)/$(SET) --out runs/$(NAME)
+	$(PY) -m model.training distil --task $(TASK) --teacher $(TEACHER) --student \
+		$(PRETRAINED) --data $(DATA)/$(SET) --out runs/$(NAME) $(if $(RECIPE),--recipe $(RECIPE))
 	$(MAKE) bundle NAME=$(NAME) EVAL_TASK=$(TASK) SET=$(SET) EXPORT_ARGS="--checkpoint \
-		runs/$(NAME) --task $(TASK) --max-seq-len $(or $(MAXLEN),128) --precision int8 \
-		--eval-data $(DATA)/sst2/dev.tsv"
+		runs/$(NAME) --task $(TASK) --max-seq-len $(or $(MAXLEN),128) \
+		--precision $(or $(PRECISION),int8) --eval-data $(DATA)/sst2/dev.tsv"
 
 bundle:
 	$(BUNDLE)
@@ -151,7 +152,7 @@ models: $(STAMP)
 		PRECISION=int8
 	$(MAKE) teacher TASK=qa SET=squad-v1.1 NAME=squad-minilm RECIPE=finetune-squad-minilm \
 		PRECISION=fp16-weights-int8-embeddings MAXLEN=256  # int8 failed the parity gate
-	$(MAKE) student TASK=classify SET=sst2 NAME=sst2-tiny-distilled TEACHER=sst2-minilm
-	$(MAKE) student TASK=ner SET=conll2003 NAME=conll-tiny-distilled TEACHER=conll-minilm
+	$(MAKE) student TASK=classify SET=sst2 NAME=sst2-tiny-distilled TEACHER=runs/sst2-minilm
+	$(MAKE) student TASK=ner SET=conll2003 NAME=conll-tiny-distilled TEACHER=runs/conll-minilm
 	$(MAKE) embeddings
 	$(MAKE) pretrained-minilm

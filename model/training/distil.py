@@ -20,6 +20,10 @@ of each word (both pre-tokenisers split words alike; for QA, words are matched b
 offset, and answer ends at each word's last piece). Classification compares whole-sequence
 logits; NER the label distribution of each word; QA the start (end) distribution over the
 context's words. QA keeps the questions whose context fits one window for both tokenisers.
+
+The teacher is a fine-tuned checkpoint, or a shipped bundle (a directory with `bundle.json`):
+then ONNX Runtime computes its logits, once a training row (they are cached: the teacher is
+frozen), and the hints are off, since a bundle's graph gives no hidden states.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -37,6 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.checkpoint import load_model, save_model
+from model.config import BertConfig
 from model.heads import BertPreTrainedModel
 from model.tokenizer import BertTokenizer
 from model.training.data import tasks as data
@@ -212,14 +218,66 @@ def paired_features(
 
 
 class Distiller(nn.Module):
-    """The student plus the hint projections: what the optimiser trains."""
+    """The student plus the hint projections: what the optimiser trains. Without a teacher
+    config (a bundle teacher: no hidden states) there are no hints."""
 
-    def __init__(self, student: BertPreTrainedModel, teacher: BertPreTrainedModel) -> None:
+    def __init__(self, student: BertPreTrainedModel, teacher: BertConfig | None) -> None:
         super().__init__()
         self.student = student
-        s, t = student.config, teacher.config
-        self.mapping = layer_map(s.num_hidden_layers, t.num_hidden_layers)
-        self.hints = nn.ModuleList(nn.Linear(s.hidden_size, t.hidden_size) for _ in self.mapping)
+        s = student.config
+        self.mapping = layer_map(s.num_hidden_layers, teacher.num_hidden_layers) if teacher else []
+        self.hints = nn.ModuleList(
+            nn.Linear(s.hidden_size, teacher.hidden_size) for _ in self.mapping if teacher
+        )
+
+
+class BundleTeacher:
+    """A shipped bundle as the teacher: its logits from ONNX Runtime, computed once a training
+    row and kept (trimmed to the row's tokens), so later epochs cost no teacher passes."""
+
+    def __init__(self, directory: Path, threads: int) -> None:
+        import onnxruntime as ort
+
+        from service.bundle import BundleError, check_model_file, load_bundle_spec
+
+        self.spec = load_bundle_spec(directory)
+        try:
+            check_model_file(directory, self.spec)
+        except BundleError as exc:
+            raise ValueError(str(exc)) from exc
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(
+            str(directory / self.spec.model_file), options, providers=["CPUExecutionProvider"]
+        )
+        self.cache: dict[int, list[np.ndarray]] = {}
+
+    def __call__(self, rows: np.ndarray, batch: dict[str, Tensor]) -> Any:
+        lengths = batch["attention_mask"].sum(1).tolist()
+        todo = [j for j, i in enumerate(rows) if int(i) not in self.cache]
+        if todo:
+            feeds = {
+                name: batch[name][todo].numpy()
+                for name in ("input_ids", "attention_mask", "token_type_ids")
+            }
+            outputs = self.session.run(list(self.spec.outputs), feeds)
+            for k, j in enumerate(todo):
+                self.cache[int(rows[j])] = [
+                    out[k] if self.spec.output_axes[name] == "sequence" else out[k, : lengths[j]]
+                    for name, out in zip(self.spec.outputs, outputs, strict=True)
+                ]
+        width = batch["input_ids"].shape[1]
+        result = {}
+        for n, name in enumerate(self.spec.outputs):
+            values = [self.cache[int(i)][n] for i in rows]
+            if self.spec.output_axes[name] != "sequence":  # per token: pad to this batch
+                padded = np.zeros((len(values), width, *values[0].shape[1:]), dtype=np.float32)
+                for j, v in enumerate(values):
+                    padded[j, : len(v)] = v
+                values = list(padded)
+            result[name] = torch.from_numpy(np.stack(values))
+        return SimpleNamespace(**result)
 
 
 def _gather(x: Tensor, rows: list[np.ndarray], column: int) -> Tensor:
@@ -230,20 +288,20 @@ def _gather(x: Tensor, rows: list[np.ndarray], column: int) -> Tensor:
 
 def batch_loss(
     distiller: Distiller,
-    teacher: BertPreTrainedModel,
+    teacher: BertPreTrainedModel | BundleTeacher,
     task: str,
     paired: Paired,
     rows: np.ndarray,
     t: float,
     recipe: DistilRecipe,
     pads: tuple[int, int],
-    hooks: tuple[LayerOutputs, LayerOutputs],
+    hooks: tuple[LayerOutputs, LayerOutputs | None],
 ) -> tuple[Tensor, dict[str, float]]:
     s_batch = batch_tensors(paired.student, rows, pads[0])
     t_batch = batch_tensors(paired.teacher, rows, pads[1])
     with torch.no_grad():
-        t_out = teacher(**t_batch)
-    t_layers = hooks[1].take()
+        t_out = teacher(rows, t_batch) if isinstance(teacher, BundleTeacher) else teacher(**t_batch)
+    t_layers = hooks[1].take() if hooks[1] else []
     s_out = distiller.student(**s_batch)
     s_layers = hooks[0].take()
     starts = [paired.starts[i] for i in rows]
@@ -265,7 +323,7 @@ def batch_loss(
                     parts.append(soft_loss(s_pick[None], t_pick[None], t))
         soft = torch.stack(parts).mean() if parts else s_out.start_logits.sum() * 0
     hint = s_out.loss * 0
-    if recipe.hint_weight:
+    if recipe.hint_weight and distiller.mapping:
         for j, m in enumerate(distiller.mapping):
             projected = distiller.hints[j](_gather(s_layers[j], starts, 0))
             hint = hint + F.mse_loss(projected, _gather(t_layers[m], starts, 1))
@@ -287,9 +345,22 @@ def distil(
 ) -> dict[str, Any]:
     start_run(task, recipe)
     labels = task_labels(task, data_dir)
-    teacher = load_model(teacher_dir, HEAD[task]).eval()
-    if labels and [teacher.config.id2label[i] for i in range(len(labels))] != labels:
-        raise ValueError(f"teacher {teacher_dir} labels {teacher.config.id2label} != {labels}")
+    teacher: BertPreTrainedModel | BundleTeacher
+    if (teacher_dir / "bundle.json").is_file():
+        teacher = BundleTeacher(teacher_dir, recipe.threads or 1)
+        if task not in teacher.spec.tasks:
+            raise ValueError(f"teacher {teacher_dir} serves {teacher.spec.tasks}, not {task}")
+        teacher_labels, teacher_config = teacher.spec.labels, None
+        if recipe.hint_weight:
+            log.warning("teacher %s is a bundle: no hidden states, so no hints", teacher_dir)
+            recipe = dataclasses.replace(recipe, hint_weight=0.0)
+    else:
+        teacher = load_model(teacher_dir, HEAD[task]).eval()
+        teacher_config = teacher.config
+        id2label = teacher.config.id2label or {}
+        teacher_labels = [id2label.get(i, "") for i in range(teacher.config.num_labels)]
+    if labels and (teacher_labels or [])[: len(labels)] != labels:
+        raise ValueError(f"teacher {teacher_dir} labels {teacher_labels} != {labels}")
     overrides: dict[str, Any] = {
         "hidden_dropout_prob": recipe.dropout,
         "attention_probs_dropout_prob": recipe.dropout,
@@ -302,8 +373,11 @@ def distil(
     dev, dev_examples = build_features(task, s_tok, data_dir, "dev", recipe, labels or [])
     if recipe.dev_limit:
         dev, dev_examples = dev.head(recipe.dev_limit), dev_examples[: recipe.dev_limit]
-    distiller = Distiller(student, teacher)
-    hooks = (LayerOutputs(student), LayerOutputs(teacher))
+    distiller = Distiller(student, teacher_config)
+    hooks = (
+        LayerOutputs(student),
+        LayerOutputs(teacher) if isinstance(teacher, BertPreTrainedModel) else None,
+    )
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipe.json").write_text(

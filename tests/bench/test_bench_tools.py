@@ -98,3 +98,27 @@ def test_transformers_peer_serves_the_bundles_own_weights(checkpoints, tmp_path)
         got = pipe(text)
         assert got[0]["label"] == expected[0]["label"]
         assert np.isclose(got[0]["score"], expected[0]["score"], atol=1e-5)
+
+
+@pytest.mark.parametrize("task", ["ner", "fill-mask"])
+def test_ab_serves_an_old_format_bundle_unchanged(task, checkpoints, tmp_path):
+    """bench.ab gives this code the old code's own model files: a format-1 bundle.json becomes
+    format 2 with the same model, and the axes the outputs have."""
+    from bench.ab import upgrade_v1
+    from export.bundle import build_bundle
+    from service.bundle import check_model_file, load_bundle_spec
+
+    arch = {"ner": "BertForTokenClassification", "fill-mask": "BertForPreTraining"}[task]
+    current = build_bundle(checkpoints[arch], [task], tmp_path / "v2")
+    old = tmp_path / "v1"
+    shutil.copytree(tmp_path / "v2", old)
+    v1 = json.loads((old / "bundle.json").read_text())
+    for key in ("model_sha256", "output_axes", "pooling", "export_parity", "default"):
+        v1.pop(key, None)
+    (old / "bundle.json").write_text(json.dumps(v1 | {"format_version": 1}))
+
+    upgrade_v1(old, tmp_path / "up")
+    spec = load_bundle_spec(tmp_path / "up")
+    check_model_file(tmp_path / "up", spec)
+    assert spec.output_axes == current.output_axes
+    assert spec.model_sha256 == current.model_sha256

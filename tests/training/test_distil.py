@@ -118,3 +118,56 @@ def test_distil_end_to_end(task, checkpoints, tmp_path):
     assert train[0]["T"] > train[-1]["T"] >= 1.0
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["train_rows"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["classify", "qa"])
+def test_distil_from_a_bundle_teacher(task, checkpoints, tmp_path):
+    """A shipped bundle teaches through ONNX Runtime: its logits are computed once a training
+    row (cached: later epochs cost no teacher pass), and the hints are off (no hidden states)."""
+    from export.bundle import build_bundle
+    from model.training.distil import BundleTeacher
+
+    data_dir = write_data(tmp_path)[task]
+    recipe = tmp_path / "r.toml"
+    epochs = {"classify": 5, "qa": 20}[task]  # 40 steps: two logged records
+    recipe.write_text(
+        f'task = "{task}"\nmax_seq_len = 64\nbatch_size = 8\nepochs = {epochs}\nlr = 1e-3\n'
+        "eval_every = 4\npatience = 100\nthreads = 1\ndoc_stride = 16\n"
+    )
+    init = str(checkpoints["BertForPreTraining"])
+    common = ["--data", str(data_dir), "--recipe", str(recipe)]
+    teacher = tmp_path / "teacher"
+    assert main(["finetune", "--task", task, "--init", init, "--out", str(teacher), *common]) == 0
+    bundle = tmp_path / "teacher-bundle"
+    build_bundle(teacher, [task], bundle, max_seq_len=64)
+
+    out = tmp_path / "student"
+    args = ["distil", "--task", task, "--teacher", str(bundle), "--student", init]
+    assert main([*args, "--out", str(out), *common]) == 0
+    train = [
+        json.loads(line)
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+        if '"train"' in line
+    ]
+    assert train and all(r["hint"] == 0 and np.isfinite(r["soft"]) and r["soft"] > 0 for r in train)
+    if task == "classify":
+        assert load_model(out).config.id2label == load_model(teacher).config.id2label
+
+    # the cached logits are the bundle's own, trimmed to each row's tokens
+    from model.training.finetune import batch_tensors
+
+    t = BundleTeacher(bundle, threads=1)
+    ids = [[2, 10, 11, 12, 3], [2, 20, 3]]
+    feats = type("F", (), {"input_ids": ids, "token_type_ids": [[0] * 5, [0] * 3], "targets": {}})
+    rows = np.array([0, 1])
+    first = t(rows, batch_tensors(feats, rows, 0))
+    again = t(rows[::-1], batch_tensors(feats, rows[::-1], 0))
+    assert len(t.cache) == 2
+    name = "logits" if task == "classify" else "start_logits"
+    a, b = getattr(first, name).numpy(), getattr(again, name).numpy()
+    if task == "classify":
+        np.testing.assert_allclose(a[::-1], b, atol=1e-6)
+    else:  # per token: the short row is padded to the batch's width, its tokens equal
+        assert a.shape == b.shape == (2, 5)
+        np.testing.assert_allclose(a[1, :3], b[0, :3], atol=1e-6)

@@ -1,0 +1,147 @@
+"""Same-minute A/B of two versions of bertserve serving the same ONNX models, endpoint by endpoint.
+
+    git worktree add /tmp/ab/s2 02a7117          # the old code, with its own bundles
+    python -m bench.ab --old /tmp/ab/s2 --endpoints ner,qa,fill-mask,nsp --rounds 2
+
+Each side runs `python -m service` from its own tree (PYTHONPATH = that tree) at its default
+settings, one side at a time, alternating the order every round; wrk drives each endpoint
+closed-loop at each concurrency. The old tree serves its own `bundles/`; this tree serves the
+same model files under bundle.json format 2 (`upgrade_v1`), so only the code differs. Machine
+load matters more than anything here: pause training first (`kill -STOP`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.inputs import write_bodies
+from bench.loadgen import closed_loop
+
+ROOT = Path(__file__).resolve().parents[1]
+PORT = 8123
+# format 1 had no output axes: they follow from the outputs' names
+AXES = {
+    "logits": None,
+    "start_logits": "token",
+    "end_logits": "token",
+    "mlm_logits": "mask",
+    "nsp_logits": "sequence",
+}
+
+
+def upgrade_v1(src: Path, dst: Path) -> None:
+    """A format-1 bundle as format 2 (the service refuses files linked from outside a bundle,
+    so the model and tokenizer are copied)."""
+    spec = json.loads((src / "bundle.json").read_text())
+    if spec["format_version"] != 1:
+        raise ValueError(f"{src}: format {spec['format_version']}, not 1")
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in (spec.get("model_file", "model.onnx"), spec["tokenizer"]["file"]):
+        shutil.copyfile(src / name, dst / name)
+    model = (src / spec.get("model_file", "model.onnx")).read_bytes()
+    axes = {}
+    for out in spec["outputs"]:
+        axes[out] = AXES[out] or ("token" if "ner" in spec["tasks"] else "sequence")
+    spec |= {
+        "format_version": 2,
+        "model_sha256": hashlib.sha256(model).hexdigest(),
+        "output_axes": axes,
+    }
+    (dst / "bundle.json").write_text(json.dumps(spec, indent=2) + "\n")
+
+
+def serve(tree: Path, bundles: Path) -> subprocess.Popen[bytes]:
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(tree),
+        BERTSERVE_BUNDLES=str(bundles),
+        BERTSERVE_PORT=str(PORT),
+        BERTSERVE_LOG_LEVEL="warning",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service"],
+        cwd=tree,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health/ready", timeout=1) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"{tree}: not ready within 60 s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--old", type=Path, required=True, help="the old source tree")
+    parser.add_argument("--endpoints", default="ner,qa,fill-mask,nsp")
+    parser.add_argument("--levels", default="32")
+    parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "ab")
+    args = parser.parse_args()
+
+    new_bundles = args.work / "bundles-v2"
+    for bundle in sorted((args.old / "bundles").glob("*/bundle.json")):
+        upgrade_v1(bundle.parent, new_bundles / bundle.parent.name)
+    sides = {"old": (args.old, args.old / "bundles"), "new": (ROOT, new_bundles)}
+    endpoints = args.endpoints.split(",")
+    bodies = {e: write_bodies(e, args.data, args.work / "inputs") for e in endpoints}
+    levels = [int(x) for x in args.levels.split(",")]
+    results: dict[str, list[dict]] = {}
+    for r in range(args.rounds):
+        order = list(sides) if r % 2 == 0 else list(reversed(sides))
+        for name in order:
+            proc = serve(*sides[name])
+            try:
+                for endpoint in endpoints:
+                    url = f"http://127.0.0.1:{PORT}/{endpoint}"
+                    closed_loop(url, bodies[endpoint], 8, 2)  # warm-up
+                    for c in levels:
+                        res = closed_loop(url, bodies[endpoint], c, args.seconds)
+                        results.setdefault(f"{endpoint} c={c} {name}", []).append(
+                            {
+                                "ok_per_s": round(res.throughput, 1),
+                                "statuses": res.statuses,
+                                "errors": res.errors,
+                                "p50_ms": round(res.p50_ms, 2),
+                            }
+                        )
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(60)
+            print(json.dumps({"round": r, "side": name}), flush=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    (args.work / "ab.json").write_text(json.dumps(results, indent=2) + "\n")
+    print("| endpoint | concurrency | old req/s | new req/s | new / old |")
+    print("|---|---|---|---|---|")
+    for endpoint in endpoints:
+        for c in levels:
+            old = [x["ok_per_s"] for x in results[f"{endpoint} c={c} old"]]
+            new = [x["ok_per_s"] for x in results[f"{endpoint} c={c} new"]]
+            ratio = (sum(new) / len(new)) / max(sum(old) / len(old), 1e-9)
+            print(
+                f"| /{endpoint} | {c} | {' / '.join(f'{x:,.0f}' for x in old)} | "
+                f"{' / '.join(f'{x:,.0f}' for x in new)} | {ratio:.2f}x |"
+            )
+
+
+if __name__ == "__main__":
+    main()
