@@ -28,6 +28,12 @@ COMMANDS: dict[str, Command] = {
     "verify": Command(
         "export.__main__", ("verify",), "check a bundle as the service loads it", "train"
     ),
+    "convert": Command(
+        "export.__main__",
+        ("convert",),
+        "rewrite a bundle at another precision, measured (no checkpoint needed)",
+        "train",
+    ),
     "pretrain": Command(
         "model.training.__main__", ("pretrain",), "MLM + NSP pre-training", "train"
     ),

@@ -15,7 +15,17 @@ import pytest
 from bertserve.cli import COMMANDS, main
 
 BIN = Path(sys.executable).parent
-SUBCOMMANDS = ("serve", "export", "verify", "pretrain", "finetune", "distil", "evaluate", "bench")
+SUBCOMMANDS = (
+    "serve",
+    "export",
+    "verify",
+    "convert",
+    "pretrain",
+    "finetune",
+    "distil",
+    "evaluate",
+    "bench",
+)
 
 
 def test_help_lists_every_subcommand(capsys):
