@@ -27,7 +27,10 @@ def test_rehearsal_runs_every_step(bundle_dir, tmp_path):
         assert result["fp16"]["top1_agreement"] >= 0.9
     assert {"fp32_batch128", "fp16_batch1"} <= set(report["raw_ort"])
     load = report["classify_under_load"]
-    assert set(load["statuses"]) == {"200"} and load["requests_per_s"] > 0
+    # 64 closed-loop connections on a loaded 2-core CI machine may fill the queue past
+    # BERTSERVE_MAX_QUEUE_WAIT_MS: a 429 is admission control answering, anything else is not.
+    assert set(load["statuses"]) <= {"200", "429"} and load["statuses"].get("200", 0) > 0
+    assert load["requests_per_s"] > 0
 
 
 def test_without_cuda_it_stops_at_the_first_step_and_says_why(bundle_dir, tmp_path, capsys):
