@@ -263,8 +263,12 @@ class BundleTeacher:
             }
             outputs = self.session.run(list(self.spec.outputs), feeds)
             for k, j in enumerate(todo):
-                self.cache[int(rows[j])] = [
-                    out[k] if self.spec.output_axes[name] == "sequence" else out[k, : lengths[j]]
+                self.cache[int(rows[j])] = [  # copies: a view would keep the whole batch
+                    (
+                        out[k]
+                        if self.spec.output_axes[name] == "sequence"
+                        else out[k, : lengths[j]]
+                    ).copy()
                     for name, out in zip(self.spec.outputs, outputs, strict=True)
                 ]
         width = batch["input_ids"].shape[1]
