@@ -3,11 +3,12 @@
     git worktree add /tmp/ab/s2 02a7117          # the old code, with its own bundles
     python -m bench.ab --old /tmp/ab/s2 --endpoints ner,qa,fill-mask,nsp --rounds 2
 
-Each side runs `python -m service` from its own tree (PYTHONPATH = that tree) at its default
-settings, one side at a time, alternating the order every round; wrk drives each endpoint
-closed-loop at each concurrency. The old tree serves its own `bundles/`; this tree serves the
-same model files under bundle.json format 2 (`upgrade_v1`), so only the code differs. Machine
-load matters more than anything here: pause training first (`kill -STOP`).
+Each side runs `python -m service` from its own tree (working directory and PYTHONPATH; it must
+serve /classify, the readiness check) at its default settings, one side at a time, alternating
+the order every round; wrk drives each endpoint closed-loop at each concurrency. The old tree
+serves its own `bundles/`; this tree serves the same model files under bundle.json format 2
+(`upgrade_v1`), so only the code differs. Machine load matters more than anything here: pause
+training first (`kill -STOP`).
 """
 
 from __future__ import annotations
@@ -15,17 +16,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 from bench.inputs import write_bodies
 from bench.loadgen import closed_loop
+from bench.servers import OURS, serve
 
 ROOT = Path(__file__).resolve().parents[1]
 PORT = 8123
@@ -60,33 +56,6 @@ def upgrade_v1(src: Path, dst: Path) -> None:
     (dst / "bundle.json").write_text(json.dumps(spec, indent=2) + "\n")
 
 
-def serve(tree: Path, bundles: Path) -> subprocess.Popen[bytes]:
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(tree),
-        BERTSERVE_BUNDLES=str(bundles),
-        BERTSERVE_PORT=str(PORT),
-        BERTSERVE_LOG_LEVEL="warning",
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service"],
-        cwd=tree,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health/ready", timeout=1) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"{tree}: not ready within 60 s")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--old", type=Path, required=True, help="the old source tree")
@@ -106,11 +75,14 @@ def main() -> None:
     bodies = {e: write_bodies(e, args.data, args.work / "inputs") for e in endpoints}
     levels = [int(x) for x in args.levels.split(",")]
     results: dict[str, list[dict]] = {}
+    ready = b'{"inputs": "a charming film"}'  # both trees must serve /classify
     for r in range(args.rounds):
         order = list(sides) if r % 2 == 0 else list(reversed(sides))
         for name in order:
-            proc = serve(*sides[name])
-            try:
+            tree, bundles = sides[name]
+            env = {"PYTHONPATH": str(tree), "BERTSERVE_LOG_LEVEL": "warning"}
+            log = args.work / f"server-{name}.log"
+            with serve(OURS, bundles, bundles, PORT, ready, log, env, cwd=tree):
                 for endpoint in endpoints:
                     url = f"http://127.0.0.1:{PORT}/{endpoint}"
                     closed_loop(url, bodies[endpoint], 8, 2)  # warm-up
@@ -124,9 +96,6 @@ def main() -> None:
                                 "p50_ms": round(res.p50_ms, 2),
                             }
                         )
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(60)
             print(json.dumps({"round": r, "side": name}), flush=True)
     args.work.mkdir(parents=True, exist_ok=True)
     (args.work / "ab.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -63,8 +63,10 @@ def serve(
     ready_body: bytes,
     log: Path,
     env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> Iterator[Server]:
-    """Run server `name` until the block ends; ready once POST /classify answers 200."""
+    """Run server `name` until the block ends; ready once POST /classify answers 200. `cwd`:
+    the source tree to run (`python -m` imports from the working directory first)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with open(log, "wb") as out:
@@ -74,6 +76,7 @@ def serve(
             stderr=subprocess.STDOUT,
             start_new_session=True,
             env=os.environ | (env or {}),
+            cwd=cwd,
         )
     try:
         base = f"http://127.0.0.1:{port}"

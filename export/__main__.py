@@ -11,6 +11,9 @@ import logging
 import shlex
 import sys
 from pathlib import Path
+from typing import get_args
+
+from service.bundle import Precision
 
 EXAMPLES = """examples:
   {prog} --checkpoint runs/minilm-sst2 --task classify --out bundles/sst2-minilm
@@ -25,7 +28,7 @@ CONVERT_EXAMPLES = """examples:
   {prog} bundles/squad-minilm --precision fp16-weights-int8-embeddings \\
       --eval-data DATA/sst2/dev.tsv     # then evaluate it again (its metrics are dropped)
 """
-PRECISIONS = ["fp32", "fp16-weights", "fp16-weights-int8-embeddings", "fp16", "int8"]
+PRECISIONS = list(get_args(Precision))
 PRECISION_HELP = (
     "fp16-weights: half the file, fp32 arithmetic; fp16-weights-int8-embeddings: the same with "
     "the word-embedding table in int8 rows; fp16: for GPUs; int8: for CPUs"

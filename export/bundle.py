@@ -279,12 +279,17 @@ def build_bundle(
             created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             default=default,
         )
-        (staging / "bundle.json").write_text(spec.model_dump_json(indent=2) + "\n", "utf-8")
-        load_bundle_spec(staging)
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
+        publish(staging, spec, out)
     return spec
+
+
+def publish(staging: Path, spec: BundleSpec, out: Path) -> None:
+    """Write `spec` into the staged bundle, check it loads, and only then replace `out`."""
+    (staging / "bundle.json").write_text(spec.model_dump_json(indent=2) + "\n", "utf-8")
+    load_bundle_spec(staging)
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
 
 
 def convert_bundle(
@@ -352,10 +357,7 @@ def convert_bundle(
         shutil.rmtree(staging, ignore_errors=True)
         shutil.copytree(directory, staging)
         shutil.copyfile(new, staging / spec.model_file)
-        (staging / "bundle.json").write_text(converted.model_dump_json(indent=2) + "\n", "utf-8")
-        load_bundle_spec(staging)
-        shutil.rmtree(directory)
-        staging.rename(directory)
+        publish(staging, converted, directory)
     return converted
 
 

@@ -70,8 +70,10 @@ def int8_embeddings(src: Path, dst: Path) -> None:
     """The word-embedding table (the Gather on `input_ids`; with a tied MLM decoder, its weights
     too) stored as int8 with one scale a row: int8 rows, a float32 scale column, a Cast and a
     Mul, which ONNX Runtime folds back to the float32 table when it loads the graph. A quarter
-    of the table's fp32 bytes (half of fp16's), the arithmetic unchanged; not DequantizeLinear,
-    which ONNX Runtime keeps as a run-time node (for its quantised kernels) instead of folding.
+    of the table's fp32 bytes (half of fp16's), the arithmetic unchanged. Not DequantizeLinear:
+    measured on the MiniLM embedding bundle, ONNX Runtime's optimised graph holds this table as
+    one fp32 initializer, but keeps a DequantizeLinear node and runs it on every call (4 x 32
+    tokens, one thread: 41.7 ms against 34.7).
     Applies to an fp32 graph or one with fp16-stored weights (the table behind a Cast)."""
     import numpy as np
     import onnx
