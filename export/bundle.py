@@ -88,12 +88,13 @@ def variant_accuracy(
     max_len: int,
     source: str,
     reference: str = "fp32",
+    case_types: bool = False,
 ) -> dict[str, Any]:
     """The variant against its reference graph on real texts: largest logit difference, top-1
     agreement and, with labels, the accuracy of each."""
     ref_out, var_out, per_batch = {}, {}, []
     for start in range(0, len(texts), 64):
-        feeds = sample_feeds(tokenizer, texts[start : start + 64], inputs, max_len)
+        feeds = sample_feeds(tokenizer, texts[start : start + 64], inputs, max_len, case_types)
         a, b = onnx_outputs(fp32, feeds), onnx_outputs(variant, feeds)
         per_batch.append(compare(a, b, feeds))
         for name in a:
@@ -136,7 +137,7 @@ def torch_parity(
     pooling: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The torch model and an exported graph on the same sample sentences, compared."""
-    feeds = sample_feeds(tokenizer, SAMPLE_TEXTS, inputs, max_len)
+    feeds = sample_feeds(tokenizer, SAMPLE_TEXTS, inputs, max_len, model.config.case_type_ids)
     graph = TaskGraph(model, tasks, str((pooling or {}).get("mode", "mean")))
     return compare(
         torch_outputs(graph, feeds, inputs, outputs),
@@ -220,6 +221,7 @@ def build_bundle(
                     labels,
                     max_len,
                     str(eval_data),
+                    case_types=config.case_type_ids,
                 )
                 problem = variant_problem(accuracy)
             if problem and not force:
@@ -250,6 +252,7 @@ def build_bundle(
                 "cls_id": tokenizer.cls_id,
                 "sep_id": tokenizer.sep_id,
                 "mask_id": tokenizer.mask_id,
+                "case_type_ids": config.case_type_ids,
             },
             inputs=inputs,
             outputs=outputs,
@@ -334,6 +337,7 @@ def convert_bundle(
             spec.max_seq_len,
             str(eval_data),
             reference=spec.precision,
+            case_types=spec.tokenizer.case_type_ids,
         )
         problem = variant_problem(accuracy)
         if problem and not force:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from model.tokenizer import BertTokenizer
+from service.tasks.ner import case_type_ids
 
 # Largest |torch - ONNX Runtime| accepted per precision on logits, and the least top-1 agreement.
 # fp16-weights: fp32 arithmetic on weights rounded to fp16 (measured on all-MiniLM-L6-v2
@@ -46,10 +47,15 @@ MIN_AGREEMENT = {
 
 
 def sample_feeds(
-    tokenizer: BertTokenizer, texts: Sequence[str], inputs: Sequence[str], max_len: int
+    tokenizer: BertTokenizer,
+    texts: Sequence[str],
+    inputs: Sequence[str],
+    max_len: int,
+    case_types: bool = False,
 ) -> dict[str, np.ndarray]:
     """Right-padded int64 arrays for `texts`; with `mask_positions`, every 6th ordinary token of
-    each text is replaced by [MASK] and its position listed (at least one a row)."""
+    each text is replaced by [MASK] and its position listed (at least one a row); with
+    `case_types`, segment ids carry letter case as /ner sends them (BertConfig.case_type_ids)."""
     encodings = tokenizer.encode_batch(list(texts), max_length=max_len)
     length = max(len(e.input_ids) for e in encodings)
     feeds = {
@@ -62,7 +68,9 @@ def sample_feeds(
         n = len(enc.input_ids)
         feeds["input_ids"][i, :n] = enc.input_ids
         feeds["attention_mask"][i, :n] = 1
-        feeds["token_type_ids"][i, :n] = enc.token_type_ids
+        feeds["token_type_ids"][i, :n] = (
+            case_type_ids(texts[i], enc.offsets) if case_types else enc.token_type_ids
+        )
         ordinary = [p for p in range(1, n - 1)] or [0]
         positions.append(ordinary[::6])
     if "mask_positions" in inputs:

@@ -43,6 +43,7 @@ HEAD_PREFIXES = (
 )
 _DROPPED = ("bert.embeddings.position_ids", "cls.predictions.decoder.bias")
 _TIED = "cls.predictions.decoder.weight"
+_SEGMENTS = "bert.embeddings.token_type_embeddings.weight"
 _WORD_EMBEDDINGS = "bert.embeddings.word_embeddings.weight"
 
 
@@ -140,6 +141,14 @@ def load_model(
     unknown = [k for k in state if k not in expected and not k.startswith(HEAD_PREFIXES)]
     if unknown:
         raise CheckpointError(f"unknown key in {directory}: {unknown[0]} ({len(unknown)} in all)")
+    grown = expected.get(_SEGMENTS)
+    if grown is not None and _SEGMENTS in state and len(state[_SEGMENTS]) < len(grown):
+        # More segment ids than the checkpoint has (case_type_ids): each new one starts as
+        # segment 0, so the model first computes what it did, and training tells them apart.
+        table = state[_SEGMENTS]
+        extra = table[:1].expand(len(grown) - len(table), -1)
+        state[_SEGMENTS] = torch.cat([table, extra])
+        log.info("segment embeddings: %d rows grown to %d from row 0", len(table), len(grown))
     for key, tensor in state.items():
         if key in expected and tensor.shape != expected[key].shape:
             raise CheckpointError(

@@ -48,6 +48,10 @@ class BertConfig:
     id2label: dict[int, str] | None = None  # labels of a classification / tagging head
     label2id: dict[str, int] | None = None
     architectures: tuple[str, ...] | None = None  # e.g. ("BertForPreTraining",)
+    # Not a Hugging Face key (transformers keeps it as an attribute and ignores it): the segment
+    # ids of a one-segment input carry each piece's letter case (service/tasks/ner.py
+    # case_type), so a model with an uncased vocabulary sees capitals. Needs 5 segment ids.
+    case_type_ids: bool = False
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
@@ -83,6 +87,10 @@ class BertConfig:
         need(
             0 <= self.pad_token_id < self.vocab_size,
             f"pad_token_id {self.pad_token_id} is outside the vocabulary of {self.vocab_size}",
+        )
+        need(
+            not self.case_type_ids or self.type_vocab_size >= 5,
+            f"case_type_ids needs type_vocab_size >= 5, got {self.type_vocab_size}",
         )
         need(self.layer_norm_eps > 0, f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
         if self.id2label is not None:

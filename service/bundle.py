@@ -42,6 +42,8 @@ class TokenizerSpec(_Strict):
     cls_id: int = Field(ge=0)
     sep_id: int = Field(ge=0)
     mask_id: int = Field(ge=0)
+    # /ner feeds each piece's letter case as its segment id (service/tasks/ner.py case_type)
+    case_type_ids: bool = False
 
 
 class ArchitectureSpec(_Strict):
@@ -119,6 +121,11 @@ class BundleSpec(_Strict):
             raise ValueError(
                 f"max_seq_len {self.max_seq_len} exceeds the model's "
                 f"{self.architecture.max_position_embeddings} positions"
+            )
+        if self.tokenizer.case_type_ids and self.tasks != ["ner"]:
+            raise ValueError(
+                f"tokenizer.case_type_ids is a tagging input; a bundle with it serves only "
+                f"ner, not {self.tasks}"
             )
         return self
 

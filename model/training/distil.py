@@ -160,8 +160,10 @@ def paired_features(
     data_dir: Path,
     recipe: DistilRecipe,
     labels: list[str],
+    teacher_cased: bool = False,
 ) -> tuple[Paired, dict[str, int]]:
-    """Training rows for both models, row i the same example, and the aligned positions."""
+    """Training rows for both models, row i the same example, and the aligned positions
+    (`teacher_cased`: the teacher's segment ids carry letter case)."""
     teacher_len = recipe.teacher_max_seq_len or recipe.max_seq_len
     teacher_recipe = dataclasses.replace(recipe, max_seq_len=teacher_len)
     if task in ("classify", "ner"):
@@ -169,7 +171,14 @@ def paired_features(
             task, student_tok, data_dir, "train", recipe, labels, recipe.train_fraction
         )
         teacher, _ = build_features(
-            task, teacher_tok, data_dir, "train", teacher_recipe, labels, recipe.train_fraction
+            task,
+            teacher_tok,
+            data_dir,
+            "train",
+            teacher_recipe,
+            labels,
+            recipe.train_fraction,
+            teacher_cased,
         )
         if task == "classify":
             starts = [np.zeros((1, 2), dtype=np.int64)] * len(student)
@@ -355,12 +364,14 @@ def distil(
         if task not in teacher.spec.tasks:
             raise ValueError(f"teacher {teacher_dir} serves {teacher.spec.tasks}, not {task}")
         teacher_labels, teacher_config = teacher.spec.labels, None
+        teacher_cased = teacher.spec.tokenizer.case_type_ids
         if recipe.hint_weight:
             log.warning("teacher %s is a bundle: no hidden states, so no hints", teacher_dir)
             recipe = dataclasses.replace(recipe, hint_weight=0.0)
     else:
         teacher = load_model(teacher_dir, HEAD[task]).eval()
         teacher_config = teacher.config
+        teacher_cased = teacher.config.case_type_ids
         id2label = teacher.config.id2label or {}
         teacher_labels = [id2label.get(i, "") for i in range(teacher.config.num_labels)]
     if labels and (teacher_labels or [])[: len(labels)] != labels:
@@ -373,7 +384,9 @@ def distil(
         overrides |= {"id2label": dict(enumerate(labels)), "label2id": None}
     student = load_model(student_init, HEAD[task], **overrides)
     s_tok, t_tok = BertTokenizer.load(student_init), BertTokenizer.load(teacher_dir)
-    paired, counts = paired_features(task, s_tok, t_tok, data_dir, recipe, labels or [])
+    paired, counts = paired_features(
+        task, s_tok, t_tok, data_dir, recipe, labels or [], teacher_cased
+    )
     dev, dev_examples = build_features(task, s_tok, data_dir, "dev", recipe, labels or [])
     if recipe.dev_limit:
         dev, dev_examples = dev.head(recipe.dev_limit), dev_examples[: recipe.dev_limit]

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from model.checkpoint import load_model, save_model
+from model.checkpoint import load_model, read_config, save_model
 from model.heads import BertPreTrainedModel
 from model.sources import resolve_init, write_provenance
 from model.tokenizer import BertTokenizer
@@ -32,6 +32,7 @@ from model.training.data import tasks as data
 from model.training.loop import MetricsLog, build_optimizer, plot_curves, warmup_linear_decay
 from model.training.metrics import accuracy, entity_f1
 from model.training.recipe import check_keys, read_recipe
+from service.tasks.ner import CASE_TYPE_VOCAB
 
 log = logging.getLogger(__name__)
 HEAD = {
@@ -62,6 +63,9 @@ class FinetuneRecipe:
     doc_stride: int = 128  # qa windows
     seed: int = 1234
     threads: int = 0
+    # ner: segment ids carry each piece's letter case (BertConfig.case_type_ids), for an
+    # uncased vocabulary; the segment table grows to 5 rows, the new ones from row 0
+    case_type_ids: bool = False
 
     @classmethod
     def load(cls, name_or_path: str | Path) -> Self:
@@ -98,9 +102,11 @@ def build_features(
     recipe: FinetuneRecipe,
     labels: list[str],
     fraction: float = 1.0,
+    case_types: bool = False,
 ) -> tuple[Features, list[Any]]:
     """Features and the raw examples they came from; `fraction` keeps that share of the
-    examples (drawn with the recipe's seed) before any tokenising."""
+    examples (drawn with the recipe's seed) before any tokenising; `case_types`: a tagging
+    model's segment ids carry letter case (BertConfig.case_type_ids)."""
     label2id = {label: i for i, label in enumerate(labels)}
 
     def sample(examples: list[Any]) -> list[Any]:
@@ -117,14 +123,14 @@ def build_features(
         ), examples
     if task == "ner":
         examples = sample(data.read_conll(data_dir, split))
-        ids, targets = zip(
+        ids, targets, types = zip(
             *(
-                data.align_labels(tok, s.words, s.tags, label2id, recipe.max_seq_len)
+                data.align_labels(tok, s.words, s.tags, label2id, recipe.max_seq_len, case_types)
                 for s in examples
             ),
             strict=True,
         )
-        return Features(list(ids), [[0] * len(i) for i in ids], {"labels": list(targets)}), examples
+        return Features(list(ids), list(types), {"labels": list(targets)}), examples
     examples = sample(data.read_squad(data_dir, split, data.ambiguous_ids(data_dir, split)))
     feats = [
         f for e in examples for f in data.qa_features(tok, e, recipe.max_seq_len, recipe.doc_stride)
@@ -334,13 +340,21 @@ def finetune(
     if labels:
         overrides["id2label"] = dict(enumerate(labels))
         overrides["label2id"] = None
+    if recipe.case_type_ids:
+        if task != "ner":
+            raise ValueError(f"case_type_ids is for ner (a one-segment tagging input), not {task}")
+        segments = read_config(source).type_vocab_size
+        overrides |= {"case_type_ids": True, "type_vocab_size": max(segments, CASE_TYPE_VOCAB)}
     model = load_model(source, HEAD[task], weights=not random_init, **overrides)
+    cased = model.config.case_type_ids
     # Subsample examples (questions, sentences), not windows, and before tokenising: 87k SQuAD
     # questions take minutes to window.
     train, _ = build_features(
-        task, tok, data_dir, "train", recipe, labels or [], recipe.train_fraction
+        task, tok, data_dir, "train", recipe, labels or [], recipe.train_fraction, cased
     )
-    dev, dev_examples = build_features(task, tok, data_dir, "dev", recipe, labels or [])
+    dev, dev_examples = build_features(
+        task, tok, data_dir, "dev", recipe, labels or [], case_types=cased
+    )
     if recipe.dev_limit:  # the first rows (and, for classify/ner, their examples: one a row)
         dev = dev.head(recipe.dev_limit)
         dev_examples = dev_examples[: recipe.dev_limit]

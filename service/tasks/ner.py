@@ -52,6 +52,31 @@ class NerInput:
     windows: list[tuple[int, int]]  # [start, end) piece ranges, one row each
 
 
+# Letter case as segment ids, for a model with an uncased vocabulary (bundle.json
+# tokenizer.case_type_ids): its word pieces cannot tell "apple" from "Apple", the strongest cue for
+# names in news text. Segment 1 (sentence B) keeps its meaning; a tagging input has one segment,
+# so the other ids carry each piece's case, from its characters in the caller's text.
+CASE_NONE, CASE_TITLE, CASE_UPPER, CASE_MIXED = 0, 2, 3, 4  # 1 is sentence B
+CASE_TYPE_VOCAB = 5
+
+
+def case_type(piece: str) -> int:
+    """A word piece's case as it was written: no capital (also digits, punctuation), Capitalised
+    (a capital and no other: "Paris", "I"), UPPER ("BBC", two or more letters), or mIxed."""
+    letters = [c for c in piece if c.isalpha()]
+    if not any(c.isupper() for c in letters):
+        return CASE_NONE
+    if len(letters) > 1 and all(c.isupper() for c in letters):
+        return CASE_UPPER
+    if letters[0].isupper() and not any(c.isupper() for c in letters[1:]):
+        return CASE_TITLE
+    return CASE_MIXED
+
+
+def case_type_ids(text: str, offsets: list[tuple[int, int]]) -> list[int]:
+    return [case_type(text[start:end]) for start, end in offsets]
+
+
 def windows_for(n: int, size: int, stride: int) -> list[tuple[int, int]]:
     if n <= size:
         return [(0, n)]
@@ -63,14 +88,19 @@ def windows_for(n: int, size: int, stride: int) -> list[tuple[int, int]]:
 def preprocess(ctx: TaskContext, texts: list[str], stride: int) -> tuple[list[NerInput], list[Row]]:
     cls_id, sep_id = ctx.spec.tokenizer.cls_id, ctx.spec.tokenizer.sep_id
     size = ctx.max_len - 2
+    cased = ctx.spec.tokenizer.case_type_ids
     inputs, rows = [], []
     for text in texts:
         enc = ctx.tokenizer.encode(ctx.check_text(text), add_special_tokens=False)
         spans = windows_for(len(enc.ids), size, min(stride, size // 2))
         inputs.append(NerInput(text, enc, spans))
+        shapes = case_type_ids(text, enc.offsets) if cased else None
         for start, end in spans:
             ids = np.asarray([cls_id, *enc.ids[start:end], sep_id], dtype=np.int64)
-            rows.append(Row(ids, np.zeros_like(ids)))
+            types = np.zeros_like(ids)
+            if shapes is not None:
+                types[1:-1] = shapes[start:end]
+            rows.append(Row(ids, types))
     return inputs, rows
 
 

@@ -242,6 +242,12 @@ def test_verify_catches_broken_bundles(bundles, tmp_path, capsys):
     assert main(["verify", str(bundle)]) == 2
     assert "[MASK] is not id 7" in capsys.readouterr().err
 
+    (bundle / "bundle.json").write_text(
+        json.dumps({**spec, "tokenizer": {**spec["tokenizer"], "case_type_ids": True}})
+    )
+    assert main(["verify", str(bundle)]) == 2
+    assert "serves only ner, not ['qa']" in capsys.readouterr().err
+
     (bundle / "bundle.json").write_text(json.dumps(spec))
     (bundle / "model.onnx").write_bytes(b"not onnx")
     assert main(["verify", str(bundle)]) == 2

@@ -188,6 +188,25 @@ def test_missing_head_is_initialised_and_logged(tmp_path, tiny_config, caplog):
     assert model.classifier.weight.shape == (3, 32)
 
 
+def test_more_segment_ids_than_the_checkpoint_start_as_segment_0(tmp_path, tiny_config):
+    """case_type_ids grows the segment table: the new rows copy row 0, so the grown model
+    computes what the checkpoint did until training tells the segments apart."""
+    save_model(BertForTokenClassification(tiny_config), tmp_path)
+    before = load_model(tmp_path).eval()
+    grown = load_model(tmp_path, case_type_ids=True, type_vocab_size=5).eval()
+    table = grown.bert.embeddings.token_type_embeddings.weight
+    assert table.shape[0] == 5
+    old = before.bert.embeddings.token_type_embeddings.weight
+    assert torch.equal(table[:2], old) and all(torch.equal(table[i], old[0]) for i in (2, 3, 4))
+    ids = torch.tensor([[2, 7, 9, 3]])
+    with torch.no_grad():
+        plain = before(ids, torch.ones_like(ids)).logits
+        cased = grown(ids, torch.ones_like(ids), torch.tensor([[0, 2, 3, 0]])).logits
+    assert torch.allclose(plain, cased, atol=1e-6)
+    with pytest.raises(ValueError, match="case_type_ids needs type_vocab_size >= 5"):
+        load_model(tmp_path, case_type_ids=True)
+
+
 def test_architecture_read_from_config(tmp_path, tiny_config):
     save_model(BertForQuestionAnswering(tiny_config), tmp_path)
     assert isinstance(load_model(tmp_path), BertForQuestionAnswering)

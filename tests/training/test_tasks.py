@@ -9,6 +9,14 @@ import pytest
 from model.tokenizer import BertTokenizer
 from model.training.data import tasks as data
 from model.training.metrics import entity_f1, exact_match, normalize_answer, squad_scores, token_f1
+from service.tasks.ner import (
+    CASE_MIXED,
+    CASE_NONE,
+    CASE_TITLE,
+    CASE_UPPER,
+    case_type,
+    case_type_ids,
+)
 from service.tasks.qa import decode_spans
 from tests.conftest import BERT_VOCAB, shared_data
 
@@ -34,7 +42,8 @@ def test_ner_labels_go_on_the_first_piece_of_each_word(tok):
     words = ["Unaffable", "U.S.", "1996-08-22", "(", "Reuters", ")", "don't"]
     tags = ["B-PER", "B-LOC", "O", "O", "B-ORG", "O", "O"]
     label2id = {t: i for i, t in enumerate(data.CONLL_LABELS)}
-    ids, labels = data.align_labels(tok, words, tags, label2id, 128)
+    ids, labels, types = data.align_labels(tok, words, tags, label2id, 128)
+    assert types == [0] * len(ids)
     pieces = tok.convert_ids_to_tokens(ids)
     labelled = [
         (p, data.CONLL_LABELS[lab])
@@ -53,8 +62,44 @@ def test_ner_labels_go_on_the_first_piece_of_each_word(tok):
     assert pieces[0] == "[CLS]" and pieces[-1] == "[SEP]"
     assert labels[0] == labels[-1] == data.IGNORE
     assert sum(lab != data.IGNORE for lab in labels) == len(words)  # one label a word
-    cut_ids, cut_labels = data.align_labels(tok, words, tags, label2id, 8)
+    cut_ids, cut_labels, _ = data.align_labels(tok, words, tags, label2id, 8)
     assert len(cut_ids) == 8 and cut_ids[-1] == tok.sep_id and cut_labels[-1] == data.IGNORE
+
+
+def test_case_types_of_pre_split_words_match_what_the_service_sends(tok):
+    """Training sees each piece's letter case as segment ids exactly as /ner computes them
+    from the joined text's offsets, so the model is served what it learnt."""
+    words = ["McDonald", "'s", "BBC", "reporter", "met", "Angela", "in", "U.S.", "1996", "I"]
+    tags = ["O"] * len(words)
+    label2id = {t: i for i, t in enumerate(data.CONLL_LABELS)}
+    ids, _, types = data.align_labels(tok, words, tags, label2id, 128, case_types=True)
+    text = " ".join(words)
+    enc = tok.tokenizer.encode(text, add_special_tokens=False)
+    assert ids[1:-1] == enc.ids
+    assert types[1:-1] == case_type_ids(text, enc.offsets)
+    assert types[0] == types[-1] == 0  # [CLS], [SEP]
+    shapes = dict(zip(tok.convert_ids_to_tokens(ids), types, strict=True))
+    assert shapes["bbc"] == CASE_UPPER and shapes["angela"] == CASE_TITLE
+    assert shapes["reporter"] == shapes["1996"] == CASE_NONE and shapes["i"] == CASE_TITLE
+
+
+@pytest.mark.parametrize(
+    ("piece", "shape"),
+    [
+        ("paris", CASE_NONE),
+        ("1996-08-22", CASE_NONE),
+        (",", CASE_NONE),
+        ("Paris", CASE_TITLE),
+        ("I", CASE_TITLE),
+        ("BBC", CASE_UPPER),
+        ("U.S.", CASE_UPPER),
+        ("iPhone", CASE_MIXED),
+        ("McDonald", CASE_MIXED),
+        ("Élysée", CASE_TITLE),
+    ],
+)
+def test_case_type(piece, shape):
+    assert case_type(piece) == shape
 
 
 def test_squad_windows_round_trip_every_answer_that_fits(tok):
