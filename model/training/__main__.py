@@ -15,6 +15,7 @@ EXAMPLES = {
     "--data DATA/conll2003 --out runs/conll-baseline",
     "distil": "{prog} --task classify --teacher runs/minilm-sst2 "
     "--student checkpoints/pretrained-wiki-tiny --data DATA/sst2 --out runs/distil-sst2",
+    "soup": "{prog} --out runs/sst2-soup runs/sst2-minilm-3ep runs/sst2-minilm-mlm",
     "evaluate": "{prog} --task qa --bundle bundles/squad-qa --data DATA/squad-v1.1 --record",
 }
 
@@ -76,6 +77,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m model.training") 
     dis.add_argument("--out", required=True, type=Path)
     dis.add_argument("--recipe", default=None, help="default: distil-<data set>")
 
+    sp = command("soup", "average fine-tuned checkpoints of one model and one start (a model soup)")
+    sp.add_argument("checkpoints", nargs="+", type=Path, help="two or more checkpoint directories")
+    sp.add_argument("--out", required=True, type=Path)
+
     ev = command("evaluate", "evaluate a bundle through the service's code")
     ev.add_argument(
         "--task", required=True, choices=["classify", "ner", "qa", "nsp", "mlm", "embed"]
@@ -94,7 +99,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m model.training") 
     import json
 
     try:
-        if not args.data.is_dir():
+        if args.command != "soup" and not args.data.is_dir():
             raise ValueError(f"--data {args.data} is not a directory")
         if args.command == "pretrain":
             from model.training.pretrain import pretrain
@@ -122,6 +127,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m model.training") 
                 DistilRecipe.load(name),
             )
             print(json.dumps(summary, indent=2))  # noqa: T201
+        elif args.command == "soup":
+            from model.training.soup import soup
+
+            print(json.dumps(soup(args.checkpoints, args.out), indent=2))  # noqa: T201
         else:
             from model.training.evaluate import evaluate
 

@@ -1,0 +1,65 @@
+"""`soup`: the mean of fine-tuned checkpoints of one start, refused across shapes or starts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from model.checkpoint import load_model, save_model
+from model.config import BertConfig
+from model.heads import BertForSequenceClassification
+from model.sources import Provenance, write_provenance
+from model.training.__main__ import main
+from model.training.soup import soup
+from tests.helpers.checkpoints import write_vocab
+
+START = Provenance("tiny", "tests", "apache-2.0", "0" * 64)
+
+
+@pytest.fixture
+def tiny_config():
+    return BertConfig(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+        id2label={0: "NEG", 1: "POS"},
+    )
+
+
+def ingredient(path, config, seed, start=START):
+    torch.manual_seed(seed)
+    save_model(BertForSequenceClassification(config), path)
+    write_provenance(path, start)
+    write_vocab(path / "vocab.txt")
+    return path
+
+
+def test_soup_is_the_mean_of_its_ingredients(tmp_path, tiny_config, capsys):
+    a = ingredient(tmp_path / "a", tiny_config, 1)
+    b = ingredient(tmp_path / "b", tiny_config.replace(hidden_dropout_prob=0.3), 2)
+    out = tmp_path / "soup"
+    assert main(["soup", "--out", str(out), str(a), str(b)]) == 0
+    recorded = json.loads(capsys.readouterr().out)
+    assert [i["checkpoint"] for i in recorded["ingredients"]] == [str(a), str(b)]
+    mean, sa, sb = (load_model(p).state_dict() for p in (out, a, b))
+    for key in ("bert.embeddings.word_embeddings.weight", "classifier.weight"):
+        assert torch.allclose(mean[key], (sa[key] + sb[key]) / 2, atol=1e-7)
+    assert json.loads((out / "source.json").read_text())["name"] == "tiny"
+    assert (out / "soup.json").is_file()
+
+
+def test_soup_refuses_what_cannot_be_averaged(tmp_path, tiny_config):
+    a = ingredient(tmp_path / "a", tiny_config, 1)
+    wide = ingredient(tmp_path / "w", tiny_config.replace(intermediate_size=40), 2)
+    with pytest.raises(ValueError, match="differs from .* in intermediate_size: 40 vs 37"):
+        soup([a, wide], tmp_path / "out")
+    other = ingredient(tmp_path / "o", tiny_config, 3, Provenance("x", "y", "mit", "1" * 64))
+    with pytest.raises(ValueError, match="other published weights"):
+        soup([a, other], tmp_path / "out")
+    with pytest.raises(ValueError, match="two or more"):
+        soup([a], tmp_path / "out")
