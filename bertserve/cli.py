@@ -43,6 +43,12 @@ COMMANDS: dict[str, Command] = {
     "distil": Command(
         "model.training.__main__", ("distil",), "distil a teacher into a small student", "train"
     ),
+    "soup": Command(
+        "model.training.__main__",
+        ("soup",),
+        "average fine-tuned checkpoints of one start (a model soup)",
+        "train",
+    ),
     "evaluate": Command(
         "model.training.__main__",
         ("evaluate",),

@@ -41,6 +41,7 @@ from model.checkpoint import load_model, read_config, read_state_dict, sha256, w
 from model.heads import BertPreTrainedModel
 from model.sources import read_provenance, resolve_init
 from model.tokenizer import BertTokenizer
+from model.training.soup import read_soup
 from service.bundle import (
     FORMAT_VERSION,
     BundleError,
@@ -275,6 +276,7 @@ def build_bundle(
                 "sha256": sha256(weights_path(checkpoint)),
                 "architecture": model.architecture,
                 "init": provenance.to_dict() if provenance else None,
+                "soup": read_soup(checkpoint),
             },
             variant_accuracy=accuracy,
             metrics=metrics or {},

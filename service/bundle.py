@@ -68,6 +68,8 @@ class SourceSpec(_Strict):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # of the weights file
     architecture: str
     init: InitSpec | None = None  # None: trained here from scratch
+    # a model soup's ingredients (model/training/soup.py): checkpoint and weights sha256 each
+    soup: list[dict[str, str]] | None = None
 
 
 class PoolingSpec(_Strict):

@@ -23,6 +23,7 @@ SUBCOMMANDS = (
     "pretrain",
     "finetune",
     "distil",
+    "soup",
     "evaluate",
     "bench",
 )

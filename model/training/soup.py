@@ -29,6 +29,15 @@ def _describe(directory: Path) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k not in _FREE}
 
 
+SOUP_NAME = "soup.json"
+
+
+def read_soup(directory: str | Path) -> list[dict[str, str]] | None:
+    """A soup's ingredients (checkpoint, sha256), or None for a checkpoint that is not one."""
+    path = Path(directory) / SOUP_NAME
+    return json.loads(path.read_text())["ingredients"] if path.is_file() else None
+
+
 def soup(ingredients: list[Path], out: Path) -> dict[str, Any]:
     if len(ingredients) < 2:
         raise ValueError("a soup needs two or more checkpoints")
@@ -73,5 +82,5 @@ def soup(ingredients: list[Path], out: Path) -> dict[str, Any]:
         ],
         "weights": "uniform",
     }
-    (out / "soup.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / SOUP_NAME).write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -7,12 +7,13 @@ import json
 import pytest
 import torch
 
+from export.bundle import build_bundle
 from model.checkpoint import load_model, save_model
 from model.config import BertConfig
 from model.heads import BertForSequenceClassification
 from model.sources import Provenance, write_provenance
 from model.training.__main__ import main
-from model.training.soup import soup
+from model.training.soup import read_soup, soup
 from tests.helpers.checkpoints import write_vocab
 
 START = Provenance("tiny", "tests", "apache-2.0", "0" * 64)
@@ -50,7 +51,9 @@ def test_soup_is_the_mean_of_its_ingredients(tmp_path, tiny_config, capsys):
     for key in ("bert.embeddings.word_embeddings.weight", "classifier.weight"):
         assert torch.allclose(mean[key], (sa[key] + sb[key]) / 2, atol=1e-7)
     assert json.loads((out / "source.json").read_text())["name"] == "tiny"
-    assert (out / "soup.json").is_file()
+    assert read_soup(out) == recorded["ingredients"] and read_soup(a) is None
+    bundle = build_bundle(out, ["classify"], tmp_path / "bundle")
+    assert bundle.source.soup == recorded["ingredients"]  # bundle.json names the ingredients
 
 
 def test_soup_refuses_what_cannot_be_averaged(tmp_path, tiny_config):
