@@ -66,6 +66,10 @@ class FinetuneRecipe:
     # ner: segment ids carry each piece's letter case (BertConfig.case_type_ids), for an
     # uncased vocabulary; the segment table grows to 5 rows, the new ones from row 0
     case_type_ids: bool = False
+    # with case_type_ids: this share of training sentences is shown without its case (segment
+    # ids 0, as text written in lower case reaches /ner), drawn once with the seed, so the
+    # tagger does not depend on capitals it may not be given
+    case_dropout: float = 0.0
 
     @classmethod
     def load(cls, name_or_path: str | Path) -> Self:
@@ -140,6 +144,17 @@ def build_features(
         [f.token_type_ids for f in feats],
         {"start_positions": [f.start for f in feats], "end_positions": [f.end for f in feats]},
     ), examples
+
+
+def drop_case(features: Features, share: float, seed: int) -> int:
+    """Show `share` of the rows (drawn with `seed`) without their letter case: segment ids 0,
+    what /ner sends for text written in lower case. Returns how many."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"case_dropout must be in [0, 1], got {share}")
+    rows = np.flatnonzero(np.random.default_rng(seed).random(len(features)) < share)
+    for i in rows:
+        features.token_type_ids[i] = [0] * len(features.token_type_ids[i])
+    return len(rows)
 
 
 def task_labels(task: str, data_dir: Path) -> list[str] | None:
@@ -352,6 +367,10 @@ def finetune(
     train, _ = build_features(
         task, tok, data_dir, "train", recipe, labels or [], recipe.train_fraction, cased
     )
+    if recipe.case_dropout:
+        if not cased:
+            raise ValueError("case_dropout needs case_type_ids")
+        drop_case(train, recipe.case_dropout, recipe.seed)
     dev, dev_examples = build_features(
         task, tok, data_dir, "dev", recipe, labels or [], case_types=cased
     )

@@ -187,3 +187,20 @@ def test_entity_f1_exact_spans():
     assert result["precision"] == pytest.approx(200 / 3)
     assert result["recall"] == pytest.approx(200 / 3)
     assert entity_f1([["B-PER", "I-PER"]], [["B-PER", "O"]])["f1"] == 0.0  # partial span = miss
+
+
+def test_case_dropout_blanks_the_case_of_a_share_of_rows():
+    from model.training.finetune import Features, drop_case
+
+    rows = [[0, 2, 3, 0]] * 1000
+    features = Features([[1, 2, 3, 4]] * 1000, [list(r) for r in rows], {"labels": [0] * 1000})
+    dropped = drop_case(features, 0.15, seed=1)
+    blank = sum(t == [0, 0, 0, 0] for t in features.token_type_ids)
+    assert blank == dropped and 100 < dropped < 200  # about 15%, drawn with the seed
+    again = Features([[1, 2, 3, 4]] * 1000, [list(r) for r in rows], {"labels": [0] * 1000})
+    assert (
+        drop_case(again, 0.15, seed=1) == dropped
+        and again.token_type_ids == features.token_type_ids
+    )
+    with pytest.raises(ValueError, match="case_dropout must be in"):
+        drop_case(again, 1.5, seed=1)
