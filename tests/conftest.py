@@ -47,3 +47,20 @@ def bundle_dir(checkpoints, tmp_path_factory) -> Path:
     ):
         build_bundle(checkpoints[arch], [task], root / name)
     return root
+
+
+@pytest.fixture
+def tiny_config():
+    """A 2-layer, 32-wide BERT config with three labels (model and training unit tests)."""
+    from model.config import BertConfig
+
+    return BertConfig(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+        type_vocab_size=2,
+        id2label={0: "NEG", 1: "POS", 2: "NEU"},
+    )

@@ -3,22 +3,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.config import BertConfig
-
-
-@pytest.fixture
-def tiny_config() -> BertConfig:
-    return BertConfig(
-        vocab_size=99,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
-        max_position_embeddings=64,
-        type_vocab_size=2,
-        id2label={0: "NEG", 1: "POS", 2: "NEU"},
-    )
-
 
 @pytest.fixture
 def padded_batch() -> dict[str, torch.Tensor]:

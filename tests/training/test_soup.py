@@ -9,7 +9,6 @@ import torch
 
 from export.bundle import build_bundle
 from model.checkpoint import load_model, save_model
-from model.config import BertConfig
 from model.heads import BertForSequenceClassification
 from model.sources import Provenance, write_provenance
 from model.training.__main__ import main
@@ -17,19 +16,6 @@ from model.training.soup import read_soup, soup
 from tests.helpers.checkpoints import write_vocab
 
 START = Provenance("tiny", "tests", "apache-2.0", "0" * 64)
-
-
-@pytest.fixture
-def tiny_config():
-    return BertConfig(
-        vocab_size=99,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
-        max_position_embeddings=64,
-        id2label={0: "NEG", 1: "POS"},
-    )
 
 
 def ingredient(path, config, seed, start=START):
