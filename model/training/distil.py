@@ -336,7 +336,7 @@ def batch_loss(
                     parts.append(soft_loss(s_pick[None], t_pick[None], t))
         soft = torch.stack(parts).mean() if parts else s_out.start_logits.sum() * 0
     hint = s_out.loss * 0
-    if recipe.hint_weight and distiller.mapping:
+    if recipe.hint_weight:
         for j, m in enumerate(distiller.mapping):
             projected = distiller.hints[j](_gather(s_layers[j], starts, 0))
             hint = hint + F.mse_loss(projected, _gather(t_layers[m], starts, 1))

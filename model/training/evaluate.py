@@ -98,20 +98,18 @@ def word_tags(words: list[str], entities: list[dict]) -> list[str]:
 
 def evaluate_ner(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
     sentences = data.read_conll(data_dir, "test")
-    texts = [" ".join(s.words) for s in sentences]
-    # The service's default parameters: what is measured is what a plain request gets.
-    entities = run_task(runner, ner.TASK, texts, ner.NerRequest(inputs=texts))
-    predicted = [word_tags(s.words, e) for s, e in zip(sentences, entities, strict=True)]
     gold = [s.tags for s in sentences]
-    result = entity_f1(gold, predicted)
+
+    def score(words: list[list[str]]) -> dict[str, Any]:
+        # The service's default parameters: what is measured is what a plain request gets.
+        texts = [" ".join(w) for w in words]
+        entities = run_task(runner, ner.TASK, texts, ner.NerRequest(inputs=texts))
+        return entity_f1(gold, [word_tags(w, e) for w, e in zip(words, entities, strict=True)])
+
+    result = score([s.words for s in sentences])
     # The same sentences written in lower case (a transcript, a chat message): what a model that
     # reads capitals (case_type_ids) keeps without them. An uncased model scores the same.
-    lowered = [t.lower() for t in texts]
-    entities = run_task(runner, ner.TASK, lowered, ner.NerRequest(inputs=lowered))
-    predicted = [
-        word_tags([w.lower() for w in s.words], e) for s, e in zip(sentences, entities, strict=True)
-    ]
-    result["f1_lowercased"] = entity_f1(gold, predicted)["f1"]
+    result["f1_lowercased"] = score([[w.lower() for w in s.words] for s in sentences])["f1"]
     return result | {"data": "CoNLL-2003 eng.testb"}
 
 

@@ -362,14 +362,14 @@ def finetune(
         overrides |= {"case_type_ids": True, "type_vocab_size": max(segments, CASE_TYPE_VOCAB)}
     model = load_model(source, HEAD[task], weights=not random_init, **overrides)
     cased = model.config.case_type_ids
+    if recipe.case_dropout and not cased:
+        raise ValueError("case_dropout needs case_type_ids")
     # Subsample examples (questions, sentences), not windows, and before tokenising: 87k SQuAD
     # questions take minutes to window.
     train, _ = build_features(
         task, tok, data_dir, "train", recipe, labels or [], recipe.train_fraction, cased
     )
     if recipe.case_dropout:
-        if not cased:
-            raise ValueError("case_dropout needs case_type_ids")
         drop_case(train, recipe.case_dropout, recipe.seed)
     dev, dev_examples = build_features(
         task, tok, data_dir, "dev", recipe, labels or [], case_types=cased

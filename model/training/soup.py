@@ -20,6 +20,7 @@ from model.checkpoint import load_model, read_config, save_model, sha256, weight
 from model.sources import read_provenance, write_provenance
 from model.tokenizer import VOCAB_NAME, BertTokenizer
 
+SOUP_NAME = "soup.json"
 # Training settings that differ between ingredients without changing what the weights mean.
 _FREE = {"hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"}
 
@@ -27,9 +28,6 @@ _FREE = {"hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_drop
 def _describe(directory: Path) -> dict[str, Any]:
     config = dataclasses.asdict(read_config(directory))
     return {k: v for k, v in config.items() if k not in _FREE}
-
-
-SOUP_NAME = "soup.json"
 
 
 def read_soup(directory: str | Path) -> list[dict[str, str]] | None:
@@ -61,17 +59,12 @@ def soup(ingredients: list[Path], out: Path) -> dict[str, Any]:
             raise ValueError(f"{other} has another vocabulary than {first}")
 
     model = load_model(first).eval()
-    total = {k: v.double().clone() for k, v in model.state_dict().items()}
+    base = model.state_dict()
+    total = {k: v.double() for k, v in base.items()}
     for other in ingredients[1:]:
         state = load_model(other).state_dict()
-        for key in total:
-            total[key] += state[key].double()
-    mean = {
-        key: (value / len(ingredients)).to(model.state_dict()[key].dtype)
-        for key, value in total.items()
-    }
-    model.load_state_dict(mean)
-    model.tie_weights()
+        total = {k: v + state[k].double() for k, v in total.items()}
+    model.load_state_dict({k: (v / len(ingredients)).to(base[k].dtype) for k, v in total.items()})
     save_model(model, out)
     BertTokenizer.load(first).save(out)
     if provenance is not None:
