@@ -89,7 +89,7 @@ def variant_accuracy(
     max_len: int,
     source: str,
     reference: str = "fp32",
-    case_types: bool = False,
+    case_types: int = 0,
 ) -> dict[str, Any]:
     """The variant against its reference graph on real texts: largest logit difference, top-1
     agreement and, with labels, the accuracy of each."""
@@ -253,7 +253,7 @@ def build_bundle(
                 "cls_id": tokenizer.cls_id,
                 "sep_id": tokenizer.sep_id,
                 "mask_id": tokenizer.mask_id,
-                "case_type_ids": config.case_type_ids,
+                "case_type_ids": int(config.case_type_ids),
             },
             inputs=inputs,
             outputs=outputs,

@@ -51,11 +51,12 @@ def sample_feeds(
     texts: Sequence[str],
     inputs: Sequence[str],
     max_len: int,
-    case_types: bool = False,
+    case_types: int = 0,
 ) -> dict[str, np.ndarray]:
     """Right-padded int64 arrays for `texts`; with `mask_positions`, every 6th ordinary token of
     each text is replaced by [MASK] and its position listed (at least one a row); with
-    `case_types`, segment ids carry letter case as /ner sends them (BertConfig.case_type_ids)."""
+    `case_types` (a scheme), segment ids carry letter case as /ner sends them
+    (BertConfig.case_type_ids)."""
     encodings = tokenizer.encode_batch(list(texts), max_length=max_len)
     length = max(len(e.input_ids) for e in encodings)
     feeds = {
@@ -69,7 +70,7 @@ def sample_feeds(
         feeds["input_ids"][i, :n] = enc.input_ids
         feeds["attention_mask"][i, :n] = 1
         feeds["token_type_ids"][i, :n] = (
-            case_type_ids(texts[i], enc.offsets) if case_types else enc.token_type_ids
+            case_type_ids(texts[i], enc.offsets, case_types) if case_types else enc.token_type_ids
         )
         ordinary = [p for p in range(1, n - 1)] or [0]
         positions.append(ordinary[::6])

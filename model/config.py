@@ -50,8 +50,9 @@ class BertConfig:
     architectures: tuple[str, ...] | None = None  # e.g. ("BertForPreTraining",)
     # Not a Hugging Face key (transformers keeps it as an attribute and ignores it): the segment
     # ids of a one-segment input carry each piece's letter case (service/tasks/ner.py
-    # case_type), so a model with an uncased vocabulary sees capitals. Needs 5 segment ids.
-    case_type_ids: bool = False
+    # case_type), so a model with an uncased vocabulary sees capitals. 0 off; scheme 1 (or true)
+    # needs 5 segment ids, scheme 2 (a text without capitals reads as "case unknown") 6.
+    case_type_ids: int = 0
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
@@ -89,8 +90,13 @@ class BertConfig:
             f"pad_token_id {self.pad_token_id} is outside the vocabulary of {self.vocab_size}",
         )
         need(
-            not self.case_type_ids or self.type_vocab_size >= 5,
-            f"case_type_ids needs type_vocab_size >= 5, got {self.type_vocab_size}",
+            self.case_type_ids in (0, 1, 2),
+            f"case_type_ids must be 0 (off), 1 or 2, got {self.case_type_ids!r}",
+        )
+        need(
+            not self.case_type_ids or self.type_vocab_size >= 4 + self.case_type_ids,
+            f"case_type_ids {int(self.case_type_ids)} needs type_vocab_size >= "
+            f"{4 + self.case_type_ids}, got {self.type_vocab_size}",
         )
         need(self.layer_norm_eps > 0, f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
         if self.id2label is not None:

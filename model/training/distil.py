@@ -160,7 +160,7 @@ def paired_features(
     data_dir: Path,
     recipe: DistilRecipe,
     labels: list[str],
-    teacher_cased: bool = False,
+    teacher_cased: int = 0,
 ) -> tuple[Paired, dict[str, int]]:
     """Training rows for both models, row i the same example, and the aligned positions
     (`teacher_cased`: the teacher's segment ids carry letter case)."""

@@ -32,7 +32,7 @@ from model.training.data import tasks as data
 from model.training.loop import MetricsLog, build_optimizer, plot_curves, warmup_linear_decay
 from model.training.metrics import accuracy, entity_f1
 from model.training.recipe import check_keys, read_recipe
-from service.tasks.ner import CASE_TYPE_VOCAB
+from service.tasks.ner import CASE_OR_UNKNOWN, CASE_UNKNOWN, case_type_vocab
 
 log = logging.getLogger(__name__)
 HEAD = {
@@ -64,11 +64,13 @@ class FinetuneRecipe:
     seed: int = 1234
     threads: int = 0
     # ner: segment ids carry each piece's letter case (BertConfig.case_type_ids), for an
-    # uncased vocabulary; the segment table grows to 5 rows, the new ones from row 0
-    case_type_ids: bool = False
-    # with case_type_ids: this share of training sentences is shown without its case (segment
-    # ids 0, as text written in lower case reaches /ner), drawn once with the seed, so the
-    # tagger does not depend on capitals it may not be given
+    # uncased vocabulary: 0 off, 1 (or true) case as written, 2 the same but a text without any
+    # capital reads as "case unknown" (service/tasks/ner.py); the segment table grows to 5 or 6
+    # rows, the new ones from row 0
+    case_type_ids: int = 0
+    # with case_type_ids: this share of training sentences is shown without its case (as text
+    # written in lower case reaches /ner: scheme 1 all "no capital", scheme 2 all "unknown"),
+    # drawn once with the seed, so the tagger does not depend on capitals it may not be given
     case_dropout: float = 0.0
 
     @classmethod
@@ -106,7 +108,7 @@ def build_features(
     recipe: FinetuneRecipe,
     labels: list[str],
     fraction: float = 1.0,
-    case_types: bool = False,
+    case_types: int = 0,
 ) -> tuple[Features, list[Any]]:
     """Features and the raw examples they came from; `fraction` keeps that share of the
     examples (drawn with the recipe's seed) before any tokenising; `case_types`: a tagging
@@ -146,14 +148,19 @@ def build_features(
     ), examples
 
 
-def drop_case(features: Features, share: float, seed: int) -> int:
-    """Show `share` of the rows (drawn with `seed`) without their letter case: segment ids 0,
-    what /ner sends for text written in lower case. Returns how many."""
+def drop_case(features: Features, share: float, seed: int, scheme: int = 1) -> int:
+    """Show `share` of the rows (drawn with `seed`) without their letter case, as /ner sends
+    text written in lower case: every segment id 0 (scheme 1), or every piece CASE_UNKNOWN
+    between [CLS] and [SEP] (scheme 2). Returns how many."""
     if not 0.0 <= share <= 1.0:
         raise ValueError(f"case_dropout must be in [0, 1], got {share}")
     rows = np.flatnonzero(np.random.default_rng(seed).random(len(features)) < share)
     for i in rows:
-        features.token_type_ids[i] = [0] * len(features.token_type_ids[i])
+        n = len(features.token_type_ids[i])
+        if scheme == CASE_OR_UNKNOWN:
+            features.token_type_ids[i] = [0, *[CASE_UNKNOWN] * (n - 2), 0]
+        else:
+            features.token_type_ids[i] = [0] * n
     return len(rows)
 
 
@@ -359,7 +366,11 @@ def finetune(
         if task != "ner":
             raise ValueError(f"case_type_ids is for ner (a one-segment tagging input), not {task}")
         segments = read_config(source).type_vocab_size
-        overrides |= {"case_type_ids": True, "type_vocab_size": max(segments, CASE_TYPE_VOCAB)}
+        vocab = case_type_vocab(int(recipe.case_type_ids))
+        overrides |= {
+            "case_type_ids": int(recipe.case_type_ids),
+            "type_vocab_size": max(segments, vocab),
+        }
     model = load_model(source, HEAD[task], weights=not random_init, **overrides)
     cased = model.config.case_type_ids
     if recipe.case_dropout and not cased:
@@ -370,7 +381,7 @@ def finetune(
         task, tok, data_dir, "train", recipe, labels or [], recipe.train_fraction, cased
     )
     if recipe.case_dropout:
-        drop_case(train, recipe.case_dropout, recipe.seed)
+        drop_case(train, recipe.case_dropout, recipe.seed, cased)
     dev, dev_examples = build_features(
         task, tok, data_dir, "dev", recipe, labels or [], case_types=cased
     )

@@ -57,7 +57,19 @@ class NerInput:
 # names in news text. Segment 1 (sentence B) keeps its meaning; a tagging input has one segment,
 # so the other ids carry each piece's case, from its characters in the caller's text.
 CASE_NONE, CASE_TITLE, CASE_UPPER, CASE_MIXED = 0, 2, 3, 4  # 1 is sentence B
-CASE_TYPE_VOCAB = 5
+CASE_UNKNOWN = 5  # scheme 2: a text with no capital at all (typed in lower case, or no letters)
+# The schemes (the value of case_type_ids): 1 reads a text without capitals as lower-case words;
+# 2 feeds every piece of such a text as CASE_UNKNOWN, so a tagger trained on both (case_dropout)
+# keeps "this word has no capital" a clean cue in text that has capitals.
+CASE_AS_WRITTEN, CASE_OR_UNKNOWN = 1, 2
+CASE_SCHEMES = (CASE_AS_WRITTEN, CASE_OR_UNKNOWN)
+
+
+def case_type_vocab(scheme: int) -> int:
+    """The segment ids a model needs for a case scheme."""
+    if scheme not in CASE_SCHEMES:
+        raise ValueError(f"case_type_ids must be one of {CASE_SCHEMES} (or 0: off), got {scheme!r}")
+    return CASE_UNKNOWN + 1 if scheme == CASE_OR_UNKNOWN else CASE_MIXED + 1
 
 
 def case_type(piece: str) -> int:
@@ -73,7 +85,16 @@ def case_type(piece: str) -> int:
     return CASE_MIXED
 
 
-def case_type_ids(text: str, offsets: list[tuple[int, int]]) -> list[int]:
+def case_unknown(scheme: int, text: str) -> bool:
+    """Whether `text` says nothing about case under `scheme`: no capital anywhere in it."""
+    return scheme == CASE_OR_UNKNOWN and not any(c.isupper() for c in text)
+
+
+def case_type_ids(
+    text: str, offsets: list[tuple[int, int]], scheme: int = CASE_AS_WRITTEN
+) -> list[int]:
+    if case_unknown(scheme, text):
+        return [CASE_UNKNOWN] * len(offsets)
     return [case_type(text[start:end]) for start, end in offsets]
 
 
@@ -94,7 +115,7 @@ def preprocess(ctx: TaskContext, texts: list[str], stride: int) -> tuple[list[Ne
         enc = ctx.tokenizer.encode(ctx.check_text(text), add_special_tokens=False)
         spans = windows_for(len(enc.ids), size, min(stride, size // 2))
         inputs.append(NerInput(text, enc, spans))
-        shapes = case_type_ids(text, enc.offsets) if cased else None
+        shapes = case_type_ids(text, enc.offsets, cased) if cased else None
         for start, end in spans:
             ids = np.asarray([cls_id, *enc.ids[start:end], sep_id], dtype=np.int64)
             types = np.zeros_like(ids)

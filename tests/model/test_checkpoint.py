@@ -203,7 +203,7 @@ def test_more_segment_ids_than_the_checkpoint_start_as_segment_0(tmp_path, tiny_
         plain = before(ids, torch.ones_like(ids)).logits
         cased = grown(ids, torch.ones_like(ids), torch.tensor([[0, 2, 3, 0]])).logits
     assert torch.allclose(plain, cased, atol=1e-6)
-    with pytest.raises(ValueError, match="case_type_ids needs type_vocab_size >= 5"):
+    with pytest.raises(ValueError, match="case_type_ids 1 needs type_vocab_size >= 5"):
         load_model(tmp_path, case_type_ids=True)
 
 

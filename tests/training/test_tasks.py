@@ -12,7 +12,9 @@ from model.training.metrics import entity_f1, exact_match, normalize_answer, squ
 from service.tasks.ner import (
     CASE_MIXED,
     CASE_NONE,
+    CASE_OR_UNKNOWN,
     CASE_TITLE,
+    CASE_UNKNOWN,
     CASE_UPPER,
     case_type,
     case_type_ids,
@@ -81,6 +83,29 @@ def test_case_types_of_pre_split_words_match_what_the_service_sends(tok):
     shapes = dict(zip(tok.convert_ids_to_tokens(ids), types, strict=True))
     assert shapes["bbc"] == CASE_UPPER and shapes["angela"] == CASE_TITLE
     assert shapes["reporter"] == shapes["1996"] == CASE_NONE and shapes["i"] == CASE_TITLE
+
+
+def test_case_scheme_2_marks_a_text_without_capitals_as_unknown(tok):
+    """Scheme 2: a sentence with no capital anywhere (typed in lower case) is all CASE_UNKNOWN,
+    in training as on /ner; a sentence with one capital keeps every piece's case, its
+    lower-case words CASE_NONE, the cue "no capital here" kept clean."""
+    label2id = {t: i for i, t in enumerate(data.CONLL_LABELS)}
+    for words, unknown in (
+        (["angela", "met", "the", "bbc"], True),
+        (["Angela", "met", "the", "bbc"], False),
+    ):
+        _, _, types = data.align_labels(
+            tok, words, ["O"] * 4, label2id, 128, case_types=CASE_OR_UNKNOWN
+        )
+        text = " ".join(words)
+        enc = tok.tokenizer.encode(text, add_special_tokens=False)
+        served = case_type_ids(text, enc.offsets, CASE_OR_UNKNOWN)
+        assert types[1:-1] == served and types[0] == types[-1] == 0
+        if unknown:
+            assert set(served) == {CASE_UNKNOWN}
+        else:
+            assert served[0] == CASE_TITLE and CASE_UNKNOWN not in served
+            assert served == case_type_ids(text, enc.offsets)  # scheme 1 where case is known
 
 
 @pytest.mark.parametrize(
@@ -204,3 +229,10 @@ def test_case_dropout_blanks_the_case_of_a_share_of_rows():
     )
     with pytest.raises(ValueError, match="case_dropout must be in"):
         drop_case(again, 1.5, seed=1)
+    # scheme 2: the dropped rows read as a text without capitals does on /ner, [CLS] and [SEP] 0
+    unknown = Features([[1, 2, 3, 4]] * 1000, [list(r) for r in rows], {"labels": [0] * 1000})
+    assert drop_case(unknown, 0.15, seed=1, scheme=CASE_OR_UNKNOWN) == dropped
+    marked = [
+        i for i, t in enumerate(unknown.token_type_ids) if t == [0, CASE_UNKNOWN, CASE_UNKNOWN, 0]
+    ]
+    assert marked == [i for i, t in enumerate(features.token_type_ids) if t == [0, 0, 0, 0]]

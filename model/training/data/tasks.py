@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from model.tokenizer import BertTokenizer, Encoding
-from service.tasks.ner import case_type
+from service.tasks.ner import CASE_UNKNOWN, case_type, case_unknown
 
 IGNORE = -100
 
@@ -95,18 +95,22 @@ def align_labels(
     tags: list[str],
     label2id: dict[str, int],
     max_len: int,
-    case_types: bool = False,
+    case_types: int = 0,
 ) -> tuple[list[int], list[int], list[int]]:
     """Word pieces of a pre-split sentence and their labels: the first piece of each word carries
     the word's tag, the other pieces, [CLS] and [SEP] get -100. Returns (ids, labels, segment
-    ids): zeros, or with `case_types` each piece's letter case as the service computes it."""
+    ids): zeros, or with `case_types` (a scheme, service/tasks/ner.py) each piece's letter case
+    as the service computes it."""
     enc = tokenizer.tokenizer.encode(words, is_pretokenized=True)
+    unknown = case_unknown(case_types, "".join(words))
     ids, labels, types, previous = [], [], [], None
     for token_id, word, (start, end) in zip(enc.ids, enc.word_ids, enc.offsets, strict=True):
         ids.append(token_id)
         labels.append(IGNORE if word is None or word == previous else label2id[tags[word]])
-        # a pre-split word's pieces have offsets into the word
-        types.append(case_type(words[word][start:end]) if case_types and word is not None else 0)
+        if not case_types or word is None:
+            types.append(0)
+        else:  # a pre-split word's pieces have offsets into the word
+            types.append(CASE_UNKNOWN if unknown else case_type(words[word][start:end]))
         previous = word
     if len(ids) > max_len:  # keep [SEP] at the end
         ids, labels = [*ids[: max_len - 1], ids[-1]], [*labels[: max_len - 1], IGNORE]
