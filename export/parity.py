@@ -20,8 +20,10 @@ from service.tasks.ner import case_type_ids
 # fp16-weights: fp32 arithmetic on weights rounded to fp16 (measured on all-MiniLM-L6-v2
 # embeddings: max |diff| 4e-4, cosine 0.9999998).
 # int8's bound is loose on purpose: what it must keep is top-1 agreement and the task's measured
-# accuracy (variant_accuracy); the MiniLM CoNLL tagger's logits move by up to 0.59 under int8
-# while 98.9% of its top-1 labels and its F1 (-0.3) hold.
+# accuracy (variant_accuracy); it is there to catch a broken graph, not rounding. The MiniLM
+# CoNLL taggers' logits (magnitudes up to ~10) move by up to 0.59, 0.99 and, with case scheme 2,
+# 1.14 on the sample sentences under int8, while 98.9-100% of their top-1 labels and their test
+# F1 (-0.3, -0.1 for the last: 88.17 against fp32's 88.27) hold; hence 1.5.
 # fp16-weights 1e-2: the MLM logits (30,522 words, magnitudes up to ~20) of the MiniLM fill-mask
 # bundle move by up to 5.1e-3 (top-1 agreement 1.0); the SQuAD span logits and the embeddings
 # (the other fp16-weights bundles) by 1.7e-3 and 4.8e-4.
@@ -35,7 +37,7 @@ TOLERANCE = {
     "fp16-weights": 1e-2,
     "fp16-weights-int8-embeddings": 0.25,
     "fp16": 5e-2,
-    "int8": 1.0,
+    "int8": 1.5,
 }
 MIN_AGREEMENT = {
     "fp32": 1.0,
