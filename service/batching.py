@@ -5,11 +5,12 @@ A request enqueues its sequences (`Row`s: a client batch, or a long text's windo
 them. When the model is free, the batching loop takes what is queued: batches form while the
 model is busy, so a lone request never waits for company and a loaded server runs full batches.
 With `max_wait_ms` > 0 it also waits, up to that long after the oldest row arrived, for a batch
-to fill (row cap or token budget). It drops rows whose request was cancelled (client gone) or
-whose deadline passed, and picks the oldest row plus the rows closest to it in length, so
-padding stays small. The model runs on a single worker thread; ONNX Runtime's own threads use the
-cores. A failed call fails the rows of that batch only; if the loop itself dies it is restarted
-and readiness is false until it is.
+to fill (row cap or token budget). It drops rows whose request was cancelled (client gone),
+whose deadline passed (504), or that have been queued past `max_queue_time_ms` (429 with
+Retry-After: admission's estimate of the wait was outrun), and picks the oldest row plus the
+rows closest to it in length, so padding stays small. The model runs on a single worker
+thread; ONNX Runtime's own threads use the cores. A failed call fails the rows of that batch
+only; if the loop itself dies it is restarted and readiness is false until it is.
 """
 
 from __future__ import annotations
@@ -89,7 +90,13 @@ class Batcher:
         self.consecutive_failures = 0  # model calls that raised since the last that did not
         self.rows_per_s = 0.0  # measured drain rate (EWMA over cycles); 0: none measured yet
         # Labelled children bound once: `labels()` costs a lock and a lookup on every call.
-        self._dropped = {r: metrics.dropped.labels(name, r) for r in ("cancelled", "expired")}
+        self._dropped = {
+            r: metrics.dropped.labels(name, r) for r in ("cancelled", "expired", "overdue")
+        }
+        self._overdue = (
+            f"model {name}: queued over {settings.max_queue_time_ms:g} ms (the limit); "
+            "retry shortly"
+        )
         self._depth = metrics.queue_depth.labels(name)
         self._rows = metrics.batch_rows.labels(name)
         self._tokens = metrics.batch_tokens.labels(name)
@@ -250,6 +257,9 @@ class Batcher:
 
     def _select(self) -> list[_Item]:
         now = time.monotonic()
+        overdue = self.settings.max_queue_time_ms and (
+            (self.settings.max_queue_time_ms + self.settings.max_wait_ms) / 1000
+        )
         live = []
         for item in self._items:
             if item.future.done():
@@ -259,6 +269,12 @@ class Batcher:
                     DeadlineExceeded(f"model {self.name}: deadline passed in the queue")
                 )
                 self._dropped["expired"].inc()
+            elif overdue and now - item.enqueued > overdue:
+                # Admission promised an answer within max_queue_wait_ms at the rate measured so
+                # far; a loop swamped by a flood can make that rate a promise it cannot keep. A
+                # quick "retry" beats a late answer, and the row has not run.
+                item.future.set_exception(Overloaded(self._overdue, headers={"Retry-After": "1"}))
+                self._dropped["overdue"].inc()
             else:
                 live.append(item)
         if not live:

@@ -152,7 +152,8 @@ class Metrics:
         )
         self.dropped = Counter(
             "bertserve_dropped_rows",
-            "Sequences dropped before compute (cancelled or expired)",
+            "Sequences dropped before compute (cancelled; expired: past the deadline; overdue: "
+            "queued past max_queue_time_ms)",
             ["model", "reason"],
             registry=r,
         )

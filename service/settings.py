@@ -82,6 +82,13 @@ class Settings(BaseSettings):
         description="work a model's queue may hold, at the rate the model has been serving: past "
         "it 429, so what is admitted is answered in time; 0: the row limit only",
     )
+    max_queue_time_ms: float = Field(
+        750.0,
+        ge=0,
+        description="how long an admitted row may stay queued beyond the batch window "
+        "(max_wait_ms): the bound on max_queue_wait_ms's estimate, which an event loop busy with "
+        "a flood can outrun; past it 429 with Retry-After instead of a late answer; 0: off",
+    )
     request_timeout_s: float = Field(30.0, gt=0, description="queue deadline; past it 504")
     max_client_batch: int = Field(32, ge=1, description="inputs in one request")
     max_request_rows: int = Field(

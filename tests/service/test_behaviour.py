@@ -125,6 +125,31 @@ def test_admission_limit_gives_429_with_retry_after(bundle_dir):
         assert "retry shortly" in refused.json()["error"]
 
 
+def test_rows_queued_past_max_queue_time_get_429_not_a_late_answer(bundle_dir):
+    """Admission estimates the wait from the rate measured so far; when the model turns out
+    slower (here: from 0 to 0.6 s a call), rows queued past max_queue_time_ms are answered 429
+    with Retry-After, without running, instead of seconds late."""
+    settings = {"max_queue_time_ms": 200, "max_queue_wait_ms": 0, "max_batch_rows": 1}
+    with live_server(bundles=bundle_dir, **settings) as live:
+        backend = wrap(live, "sentiment", delay=0.6)
+
+        async def burst():
+            async with httpx.AsyncClient(base_url=live.url, timeout=20) as c:
+                first = asyncio.create_task(c.post("/classify", json={"inputs": "first"}))
+                await until(lambda: backend.calls == 1)  # the model is busy with it
+                rest = [c.post("/classify", json={"inputs": f"text {i}"}) for i in range(3)]
+                return await asyncio.gather(first, *rest)
+
+        responses = asyncio.run(burst())
+        assert [r.status_code for r in responses] == [200, 429, 429, 429]
+        late = responses[1]
+        assert late.headers["retry-after"] == "1" and "queued over 200 ms" in late.json()["error"]
+        assert backend.calls == 1  # the refused rows never ran
+        assert (
+            metric(live, "bertserve_dropped_rows_total", model="sentiment", reason="overdue") == 3
+        )
+
+
 def test_full_queue_sheds_load_before_reading_the_body(bundle_dir):
     with live_server(bundles=bundle_dir, max_queue_rows=2, max_batch_rows=1) as live:
         gate = threading.Event()
