@@ -56,10 +56,18 @@ class RowResult:
 
 
 @dataclass
+class _Request:
+    """What a request's rows share: whether any of them has been handed to the model."""
+
+    started: bool = False
+
+
+@dataclass
 class _Item:
     row: Row
     future: asyncio.Future[RowResult]
     deadline: float
+    request: _Request = field(default_factory=_Request)
     enqueued: float = field(default_factory=time.monotonic)
 
 
@@ -89,6 +97,7 @@ class Batcher:
         self.restarts = 0
         self.consecutive_failures = 0  # model calls that raised since the last that did not
         self.rows_per_s = 0.0  # measured drain rate (EWMA over cycles); 0: none measured yet
+        self.cycle_s = 0.0  # measured time of one batch cycle (EWMA); 0: none measured yet
         # Labelled children bound once: `labels()` costs a lock and a lookup on every call.
         self._dropped = {
             r: metrics.dropped.labels(name, r) for r in ("cancelled", "expired", "overdue")
@@ -165,7 +174,8 @@ class Batcher:
             raise Overloaded(f"{refused}; retry shortly", headers={"Retry-After": "1"})
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + self.settings.request_timeout_s
-        items = [_Item(row, loop.create_future(), deadline) for row in rows]
+        request = _Request()
+        items = [_Item(row, loop.create_future(), deadline, request) for row in rows]
         self._items.extend(items)
         self._depth.set(len(self._items))
         self._wake.set()
@@ -232,6 +242,8 @@ class Batcher:
             self.rows_per_s = (
                 sample if not self.rows_per_s else 0.8 * self.rows_per_s + 0.2 * sample
             )
+            cycle = now - cycle_start
+            self.cycle_s = cycle if not self.cycle_s else 0.8 * self.cycle_s + 0.2 * cycle
             cycle_start = now
 
     async def _fill(self) -> None:
@@ -257,8 +269,11 @@ class Batcher:
 
     def _select(self) -> list[_Item]:
         now = time.monotonic()
+        # The bound on a request's wait for its turn: past the batch window and the batch the
+        # model may be busy with when the request arrives (a slow model's batch can take longer
+        # than the bound itself).
         overdue = self.settings.max_queue_time_ms and (
-            (self.settings.max_queue_time_ms + self.settings.max_wait_ms) / 1000
+            (self.settings.max_queue_time_ms + self.settings.max_wait_ms) / 1000 + self.cycle_s
         )
         live = []
         for item in self._items:
@@ -269,10 +284,12 @@ class Batcher:
                     DeadlineExceeded(f"model {self.name}: deadline passed in the queue")
                 )
                 self._dropped["expired"].inc()
-            elif overdue and now - item.enqueued > overdue:
+            elif overdue and not item.request.started and now - item.enqueued > overdue:
                 # Admission promised an answer within max_queue_wait_ms at the rate measured so
                 # far; a loop swamped by a flood can make that rate a promise it cannot keep. A
-                # quick "retry" beats a late answer, and the row has not run.
+                # quick "retry" beats a late answer. Only for a request none of whose rows has
+                # run (they share the arrival, so all go in this pass): a long text's later
+                # windows wait behind its first ones by design.
                 item.future.set_exception(Overloaded(self._overdue, headers={"Retry-After": "1"}))
                 self._dropped["overdue"].inc()
             else:
@@ -293,6 +310,8 @@ class Batcher:
                 continue
             batch.append(item)
             longest = new_longest
+        for item in batch:
+            item.request.started = True
         chosen = {id(item) for item in batch}
         self._items = [item for item in live if id(item) not in chosen]
         self._depth.set(len(self._items) + len(batch))

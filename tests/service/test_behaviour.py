@@ -125,10 +125,12 @@ def test_admission_limit_gives_429_with_retry_after(bundle_dir):
         assert "retry shortly" in refused.json()["error"]
 
 
-def test_rows_queued_past_max_queue_time_get_429_not_a_late_answer(bundle_dir):
+def test_requests_queued_past_max_queue_time_get_429_not_a_late_answer(bundle_dir):
     """Admission estimates the wait from the rate measured so far; when the model turns out
-    slower (here: from 0 to 0.6 s a call), rows queued past max_queue_time_ms are answered 429
-    with Retry-After, without running, instead of seconds late."""
+    slower (here: from 0 to 0.6 s a call, one row a call), a request still waiting for its turn
+    max_queue_time_ms after the batch the model was busy with is answered 429 with Retry-After,
+    without running, instead of seconds late. A request already started runs to the end: its
+    later rows wait behind its first by design."""
     settings = {"max_queue_time_ms": 200, "max_queue_wait_ms": 0, "max_batch_rows": 1}
     with live_server(bundles=bundle_dir, **settings) as live:
         backend = wrap(live, "sentiment", delay=0.6)
@@ -141,13 +143,19 @@ def test_rows_queued_past_max_queue_time_get_429_not_a_late_answer(bundle_dir):
                 return await asyncio.gather(first, *rest)
 
         responses = asyncio.run(burst())
-        assert [r.status_code for r in responses] == [200, 429, 429, 429]
-        late = responses[1]
+        # the second waited one batch (0.6 s, within 0.2 s + the batch); the others longer
+        assert [r.status_code for r in responses] == [200, 200, 429, 429]
+        late = responses[2]
         assert late.headers["retry-after"] == "1" and "queued over 200 ms" in late.json()["error"]
-        assert backend.calls == 1  # the refused rows never ran
+        assert backend.calls == 2  # the refused requests never ran
         assert (
-            metric(live, "bertserve_dropped_rows_total", model="sentiment", reason="overdue") == 3
+            metric(live, "bertserve_dropped_rows_total", model="sentiment", reason="overdue") == 2
         )
+
+        backend.delay = 0.3
+        with live.client() as c:  # six rows, one a call: the last waits 1.5 s, and is served
+            response = c.post("/classify", json={"inputs": [f"text {i}" for i in range(6)]})
+        assert response.status_code == 200 and len(response.json()) == 6
 
 
 def test_full_queue_sheds_load_before_reading_the_body(bundle_dir):
