@@ -108,9 +108,11 @@ def sigterm_drains(url: str) -> None:
         docker("stop", "-t", "45", NAME)
         statuses = [f.result() for f in futures]
     # 503 (draining) and 429 (the queue already held BERTSERVE_MAX_QUEUE_WAIT_MS of work) are
-    # refusals with Retry-After, not admitted requests.
+    # refusals with Retry-After, not admitted requests. Some must have been admitted, or the
+    # check proves nothing (a queue bound once refused all 16: the other CI runs had 5-7 200s).
     admitted = [s for s in statuses if s not in (429, 503)]
-    check("SIGTERM: admitted requests answered", all(s == 200 for s in admitted), statuses)
+    answered = bool(admitted) and all(s == 200 for s in admitted)
+    check("SIGTERM: admitted requests answered", answered, statuses)
     code = docker("inspect", "-f", "{{.State.ExitCode}}", NAME)
     check("SIGTERM: exit status 0", code == "0", code)
 
