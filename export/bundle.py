@@ -253,7 +253,7 @@ def build_bundle(
                 "cls_id": tokenizer.cls_id,
                 "sep_id": tokenizer.sep_id,
                 "mask_id": tokenizer.mask_id,
-                "case_type_ids": int(config.case_type_ids),
+                "case_type_ids": config.case_type_ids,
             },
             inputs=inputs,
             outputs=outputs,

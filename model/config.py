@@ -89,15 +89,17 @@ class BertConfig:
             0 <= self.pad_token_id < self.vocab_size,
             f"pad_token_id {self.pad_token_id} is outside the vocabulary of {self.vocab_size}",
         )
-        need(
-            self.case_type_ids in (0, 1, 2),
-            f"case_type_ids must be 0 (off), 1 or 2, got {self.case_type_ids!r}",
-        )
-        need(
-            not self.case_type_ids or self.type_vocab_size >= 4 + self.case_type_ids,
-            f"case_type_ids {int(self.case_type_ids)} needs type_vocab_size >= "
-            f"{4 + self.case_type_ids}, got {self.type_vocab_size}",
-        )
+        if self.case_type_ids:
+            # the schemes live with the code that computes the ids (the service's /ner)
+            from service.tasks.ner import case_type_vocab
+
+            object.__setattr__(self, "case_type_ids", int(self.case_type_ids))  # true: scheme 1
+            segments = case_type_vocab(self.case_type_ids)
+            need(
+                self.type_vocab_size >= segments,
+                f"case_type_ids {self.case_type_ids} needs type_vocab_size >= {segments}, "
+                f"got {self.type_vocab_size}",
+            )
         need(self.layer_norm_eps > 0, f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
         if self.id2label is not None:
             # JSON object keys are strings: normalise to int ids 0..n-1.

@@ -67,7 +67,7 @@ class _Item:
     row: Row
     future: asyncio.Future[RowResult]
     deadline: float
-    request: _Request = field(default_factory=_Request)
+    request: _Request
     enqueued: float = field(default_factory=time.monotonic)
 
 
@@ -272,9 +272,8 @@ class Batcher:
         # The bound on a request's wait for its turn: past the batch window and the batch the
         # model may be busy with when the request arrives (a slow model's batch can take longer
         # than the bound itself).
-        overdue = self.settings.max_queue_time_ms and (
-            (self.settings.max_queue_time_ms + self.settings.max_wait_ms) / 1000 + self.cycle_s
-        )
+        limit_ms = self.settings.max_queue_time_ms
+        overdue = (limit_ms + self.settings.max_wait_ms) / 1000 + self.cycle_s if limit_ms else 0.0
         live = []
         for item in self._items:
             if item.future.done():

@@ -53,13 +53,10 @@ def bundle_dir(checkpoints, tmp_path_factory) -> Path:
 def tiny_config():
     """A 2-layer, 32-wide BERT config with three labels (model and training unit tests)."""
     from model.config import BertConfig
+    from tests.helpers.checkpoints import TINY_SHAPE
 
     return BertConfig(
-        vocab_size=99,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
+        **TINY_SHAPE,
         max_position_embeddings=64,
         type_vocab_size=2,
         id2label={0: "NEG", 1: "POS", 2: "NEU"},

@@ -366,10 +366,9 @@ def finetune(
         if task != "ner":
             raise ValueError(f"case_type_ids is for ner (a one-segment tagging input), not {task}")
         segments = read_config(source).type_vocab_size
-        vocab = case_type_vocab(int(recipe.case_type_ids))
         overrides |= {
-            "case_type_ids": int(recipe.case_type_ids),
-            "type_vocab_size": max(segments, vocab),
+            "case_type_ids": recipe.case_type_ids,
+            "type_vocab_size": max(segments, case_type_vocab(recipe.case_type_ids)),
         }
     model = load_model(source, HEAD[task], weights=not random_init, **overrides)
     cased = model.config.case_type_ids

@@ -49,17 +49,24 @@ def write_vocab(path: Path) -> None:
     path.write_text("\n".join(pieces) + "\n")
 
 
+# The tiny BERT of the unit tests (a 99-piece vocabulary: write_vocab), for transformers' config
+# here and for ours (tests/conftest.py tiny_config).
+TINY_SHAPE = {
+    "vocab_size": 99,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 37,
+}
+
+
 def hf_checkpoint(directory: Path, architecture: str, seed: int = 0) -> Path:
     labels = {
         "BertForSequenceClassification": ["negative", "positive", "neutral"],
         "BertForTokenClassification": ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"],
     }.get(architecture)
     config = transformers.BertConfig(
-        vocab_size=99,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
+        **TINY_SHAPE,
         max_position_embeddings=128,
         **(
             {"id2label": dict(enumerate(labels)), "label2id": {v: i for i, v in enumerate(labels)}}

@@ -195,7 +195,7 @@ def test_more_segment_ids_than_the_checkpoint_start_as_segment_0(tmp_path, tiny_
     before = load_model(tmp_path).eval()
     grown = load_model(tmp_path, case_type_ids=True, type_vocab_size=5).eval()
     table = grown.bert.embeddings.token_type_embeddings.weight
-    assert table.shape[0] == 5
+    assert table.shape[0] == 5 and type(grown.config.case_type_ids) is int  # true: scheme 1
     old = before.bert.embeddings.token_type_embeddings.weight
     assert torch.equal(table[:2], old) and all(torch.equal(table[i], old[0]) for i in (2, 3, 4))
     ids = torch.tensor([[2, 7, 9, 3]])

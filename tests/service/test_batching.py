@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from service.batching import Batcher, Row, _Item
+from service.batching import Batcher, Row, _Item, _Request
 from service.errors import DeadlineExceeded, Overloaded
 from service.metrics import Metrics
 from service.settings import Settings
@@ -29,7 +29,7 @@ def select(lengths, *, rows=4, tokens=1000, cancelled=(), expired=()):
         for i, n in enumerate(lengths):
             row = Row(np.full(n, 5, np.int64), np.zeros(n, np.int64))
             deadline = now - 1 if i in expired else now + 60
-            item = _Item(row, loop.create_future(), deadline, enqueued=now + i * 1e-3)
+            item = _Item(row, loop.create_future(), deadline, _Request(), now + i * 1e-3)
             if i in cancelled:
                 item.future.cancel()
             items.append(item)
