@@ -87,7 +87,12 @@ def prepare_data(recipe: Recipe, data_dir: Path, out: Path) -> None:
             for _ in range(dupes)
             for i in range(len(tokenised))
             for pair in pairs_from_document(
-                tokenised, i, settings.max_seq_len, settings.short_seq_prob, rng
+                tokenised,
+                i,
+                settings.max_seq_len,
+                settings.short_seq_prob,
+                rng,
+                settings.sentence_pair_prob,
             )
         ]
         if name == "train":

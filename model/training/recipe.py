@@ -30,6 +30,7 @@ class DataSettings:
     lowercase: bool = False  # cased: NER reads capitals
     max_seq_len: int = 128
     short_seq_prob: float = 0.1
+    sentence_pair_prob: float = 0.0  # documents cut into single-sentence pairs instead (/nsp's)
     max_predictions: int = 20  # >= 15% of max_seq_len
     heldout_fraction: float = 0.02  # whole documents, by hash of the page id
     dupe_factor: int = 1  # passes of pair building over the corpus, each with other cuts

@@ -75,6 +75,42 @@ def test_unused_sentences_are_put_back():
     assert all(used[d] == set(range(15)) for d in used)
 
 
+def test_sentence_pairs_are_one_sentence_each_and_ask_the_nsp_question():
+    """With sentence_pair_prob 1 every pair is two whole sentences: the next one of the same
+    document (IS_NEXT) or any one of another document, about half and half."""
+    docs = make_docs()
+    rng = random.Random(0)
+    pairs = [
+        (i, p) for i in range(len(docs)) for p in pairs_from_document(docs, i, 64, 0.1, rng, 1.0)
+    ]
+    assert len(pairs) == len(docs) * 11  # every sentence but a document's last is an A
+    labels = [p.label for _, p in pairs]
+    assert 0.4 < labels.count(NOT_NEXT) / len(labels) < 0.6
+    for doc, pair in pairs:
+        ((a_doc, a_sentence),) = {source(t) for t in pair.a}
+        assert a_doc == doc and len(pair.a) == 6
+        ((b_doc, b_sentence),) = {source(t) for t in pair.b}
+        assert len(pair.b) == 6
+        if pair.label == IS_NEXT:
+            assert (b_doc, b_sentence) == (doc, a_sentence + 1)
+        else:
+            assert b_doc != doc
+
+
+def test_sentence_pair_prob_mixes_and_zero_changes_nothing():
+    docs = make_docs(n_docs=40)
+    rng = random.Random(0)
+    unasked = [
+        (i, p) for i in range(len(docs)) for p in pairs_from_document(docs, i, 64, 0.1, rng, 0)
+    ]
+    assert unasked == all_pairs(docs)  # data prepared before the option existed stays the same
+    rng = random.Random(0)
+    counts = [len(pairs_from_document(docs, i, 64, 0.0, rng, 0.5)) for i in range(len(docs))]
+    # a document cut into sentences gives 11 pairs; into segments of 61 tokens, a few
+    assert set(counts) - {11} and max(set(counts) - {11}) <= 5
+    assert 8 < counts.count(11) < 32
+
+
 MASKING = MaskingConfig(
     cls_id=CLS,
     sep_id=SEP,

@@ -6,6 +6,10 @@ short inputs), cut at a random sentence into A and B; half the time B is replace
 another document and the sentences it displaced are put back to be used in the next pair. Pairs
 are trimmed to fit, one token at a time from a random end of the longer segment.
 
+With `sentence_pair_prob` a document instead gives single-sentence pairs: each sentence as A,
+and as B the sentence after it or, half the time, one sentence of another document. That is the
+question /nsp is asked (two sentences), which segment pairs of up to 128 tokens do not teach.
+
 Pairs are stored pre-tokenised (uint16 token ids in one flat file plus an index), so the training
 loop never tokenises. Masking happens when a batch is drawn: 15% of ordinary tokens are chosen,
 80% become [MASK], 10% a random token, 10% stay; [CLS]/[SEP]/[PAD] are never chosen. The draw is
@@ -49,8 +53,12 @@ def pairs_from_document(
     max_seq_len: int,
     short_seq_prob: float,
     rng: random.Random,
+    sentence_pair_prob: float = 0.0,
 ) -> list[Pair]:
     max_tokens = max_seq_len - 3  # [CLS] A [SEP] B [SEP]
+    # Drawn only when asked for, so that data prepared without it stays the same.
+    if sentence_pair_prob > 0 and rng.random() < sentence_pair_prob:
+        return sentence_pairs(docs, index, max_tokens, rng)
     # Usually fill the whole budget; sometimes a shorter target, to close the gap between
     # pre-training (long inputs) and fine-tuning (often short ones).
     target = rng.randint(2, max_tokens) if rng.random() < short_seq_prob else max_tokens
@@ -84,15 +92,39 @@ def pairs_from_document(
     return pairs
 
 
+def sentence_pairs(
+    docs: Sequence[list[list[int]]], index: int, max_tokens: int, rng: random.Random
+) -> list[Pair]:
+    """Every sentence but the last as A; B the next sentence or a random sentence of another
+    document, half and half."""
+    document = docs[index]
+    pairs: list[Pair] = []
+    for i in range(len(document) - 1):
+        a = list(document[i])
+        if rng.random() < 0.5:
+            label, b = IS_NEXT, list(document[i + 1])
+        else:
+            other = docs[_other_document(len(docs), index, rng)]
+            label, b = NOT_NEXT, list(other[rng.randrange(len(other))])
+        truncate_pair(a, b, max_tokens, rng)
+        if a and b:
+            pairs.append(Pair(a, b, label))
+    return pairs
+
+
+def _other_document(count: int, exclude: int, rng: random.Random) -> int:
+    other = exclude
+    for _ in range(10):  # a different document (in a corpus of one, the same is all there is)
+        other = rng.randrange(count)
+        if other != exclude:
+            break
+    return other
+
+
 def _random_segment(
     docs: Sequence[list[list[int]]], exclude: int, target: int, rng: random.Random
 ) -> list[int]:
-    other = exclude
-    for _ in range(10):  # a different document (in a corpus of one, the same is all there is)
-        other = rng.randrange(len(docs))
-        if other != exclude:
-            break
-    sentences = docs[other]
+    sentences = docs[_other_document(len(docs), exclude, rng)]
     start = rng.randrange(len(sentences))
     out: list[int] = []
     for sentence in sentences[start:]:
