@@ -100,11 +100,14 @@ pretrained: $(STAMP)  ## the pre-trained checkpoint and its fill-mask/nsp bundle
 
 # all-MiniLM-L6-v2 given MLM + NSP heads by continued pre-training on Wikipedia: the default for
 # /fill-mask and /nsp (about 1.2 h on 2 cores: docs/model-card.md).
+# Two stages (about 70 + 30 min of 2 threads): segment pairs, then mostly single-sentence pairs.
 pretrained-minilm: $(STAMP)
 	$(PY) -m model.training pretrain --recipe pretrain-minilm \
 		--data $(DATA)/wikipedia-en-2015/text --out runs/pretrain-minilm
+	$(PY) -m model.training pretrain --recipe pretrain-minilm-nsp \
+		--data $(DATA)/wikipedia-en-2015/text --out runs/pretrain-minilm-nsp
 	$(MAKE) bundle NAME=minilm-wiki-mlm EVAL_TASK="nsp mlm" SET=wikipedia-en-2015/text \
-		EXPORT_ARGS="--checkpoint runs/pretrain-minilm --task fill-mask --max-seq-len 128 \
+		EXPORT_ARGS="--checkpoint runs/pretrain-minilm-nsp --task fill-mask --max-seq-len 128 \
 		--precision fp16-weights-int8-embeddings --eval-data $(DATA)/sst2/dev.tsv --default"
 
 # Every bundle: train (or take) the weights, export at the shipped precision, evaluate each of
