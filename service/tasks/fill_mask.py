@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from service.batching import Row, RowResult
 from service.errors import InvalidInput, TooLarge
 from service.schemas import Params, Request
-from service.tasks.common import Task, TaskContext, row, softmax
+from service.tasks.common import Task, TaskContext, row, softmax, top_k_indices
 
 MaskedText = Annotated[
     str, Field(min_length=6, pattern=r"\[MASK\]", description="contains at least one [MASK]")
@@ -82,8 +82,10 @@ def postprocess(
         per_mask = []
         for slot, position in enumerate(positions):
             probs = softmax(logits[slot])
-            candidates = targets if targets is not None else np.arange(len(probs))
-            order = candidates[np.argsort(-probs[candidates], kind="stable")[:k]]
+            if targets is None:
+                order = top_k_indices(probs, k)
+            else:
+                order = targets[top_k_indices(probs[targets], k)]
             items = []
             for token_id in order:
                 ids = r.input_ids.copy()

@@ -89,10 +89,14 @@ def preprocess(
                 f"in max_seq_len {max_seq_len}"
             )
         window, stride = context_window(max_seq_len, question_len, doc_stride)
-        # Count the windows before making them: the tokenizer's overflow builds every one.
-        context_len = len(ctx.tokenizer.encode(context, add_special_tokens=False).ids)
-        if len(rows) + windows_needed(context_len, window, window - stride) > ctx.max_rows:
-            raise too_many_windows(ctx.max_rows, max_seq_len)
+        # Count the windows before making them: the tokenizer's overflow builds every one. The
+        # normalised length bounds the pieces at a quarter of a tokenisation's cost; only a
+        # context that could pass the limit by that bound is counted exactly.
+        advance = window - stride
+        if len(rows) + windows_needed(ctx.max_pieces(context), window, advance) > ctx.max_rows:
+            context_len = len(ctx.tokenizer.encode(context, add_special_tokens=False).ids)
+            if len(rows) + windows_needed(context_len, window, advance) > ctx.max_rows:
+                raise too_many_windows(ctx.max_rows, max_seq_len)
         tok.enable_truncation(max_seq_len, stride=stride, strategy="only_second")
         first = tok.encode(question, context)
         windows = [first, *first.overflowing]
