@@ -127,6 +127,8 @@ def preprocess(ctx: TaskContext, texts: list[str], stride: int) -> tuple[list[Ne
 
 def piece_scores(item: NerInput, results: list[RowResult]) -> np.ndarray:
     """(pieces, labels) probabilities, each piece from its max-context window."""
+    if len(item.windows) == 1:  # a text in one window: every piece has only that context
+        return softmax(results[0].outputs["logits"][1:-1].astype(np.float64))
     n = len(item.encoding.ids)
     labels = results[0].outputs["logits"].shape[-1]
     scores = np.zeros((n, labels))
@@ -178,7 +180,7 @@ def postprocess(
                     "is_subword": is_subword,
                 }
             )
-        entities = aggregate(ctx, pre, strategy, labels)
+        entities = aggregate(ctx, pre, strategy, labels, ignore_labels)
         out.append(
             [
                 e
@@ -190,7 +192,9 @@ def postprocess(
     return out
 
 
-def aggregate(ctx: TaskContext, pre: list[dict], strategy: str, labels: list[str]) -> list[dict]:
+def aggregate(
+    ctx: TaskContext, pre: list[dict], strategy: str, labels: list[str], ignore: list[str]
+) -> list[dict]:
     if strategy in ("none", "simple"):
         entities = []
         for p in pre:
@@ -208,13 +212,11 @@ def aggregate(ctx: TaskContext, pre: list[dict], strategy: str, labels: list[str
         if strategy == "none":
             return entities
     else:
-        entities = aggregate_words(ctx, pre, strategy, labels)
-    return group_entities(ctx, entities)
+        entities = aggregate_words(pre, strategy, labels)
+    return group_entities(ctx, entities, ignore)
 
 
-def aggregate_words(
-    ctx: TaskContext, pre: list[dict], strategy: str, labels: list[str]
-) -> list[dict]:
+def aggregate_words(pre: list[dict], strategy: str, labels: list[str]) -> list[dict]:
     words, group = [], None
     for p in pre:
         if group is None:
@@ -222,14 +224,16 @@ def aggregate_words(
         elif p["is_subword"]:
             group.append(p)
         else:
-            words.append(aggregate_word(ctx, group, strategy, labels))
+            words.append(aggregate_word(group, strategy, labels))
             group = [p]
     if group is not None:
-        words.append(aggregate_word(ctx, group, strategy, labels))
+        words.append(aggregate_word(group, strategy, labels))
     return words
 
 
-def aggregate_word(ctx: TaskContext, group: list[dict], strategy: str, labels: list[str]) -> dict:
+def aggregate_word(group: list[dict], strategy: str, labels: list[str]) -> dict:
+    """One word of pieces. Its text is left as the pieces (`word` a list), joined only if its
+    entity is kept: most words of a text are "O", which the default `ignore_labels` drops."""
     if strategy == "first":
         scores = group[0]["scores"]
     elif strategy == "max":
@@ -240,7 +244,7 @@ def aggregate_word(ctx: TaskContext, group: list[dict], strategy: str, labels: l
     return {
         "entity": labels[i],
         "score": float(scores[i]),
-        "word": tokens_to_string(ctx, [p["word"] for p in group]),
+        "word": [p["word"] for p in group],
         "start": group[0]["start"],
         "end": group[-1]["end"],
     }
@@ -254,7 +258,9 @@ def get_tag(name: str) -> tuple[str, str]:
     return "I", name  # not B-/I-: a continuation
 
 
-def group_entities(ctx: TaskContext, entities: list[dict]) -> list[dict]:
+def group_entities(ctx: TaskContext, entities: list[dict], ignore: list[str]) -> list[dict]:
+    """Consecutive entities of one type (B- starts a new one) as one; a group whose type is
+    ignored is dropped here, before its text is decoded."""
     groups: list[dict] = []
     current: list[dict] = []
     for entity in entities:
@@ -266,18 +272,24 @@ def group_entities(ctx: TaskContext, entities: list[dict]) -> list[dict]:
         if tag == last_tag and bi != "B":
             current.append(entity)
         else:
-            groups.append(group_sub_entities(ctx, current))
+            groups.append(current)
             current = [entity]
     if current:
-        groups.append(group_sub_entities(ctx, current))
-    return groups
+        groups.append(current)
+    kept = [g for g in groups if g[0]["entity"].split("-", 1)[-1] not in ignore]
+    return [group_sub_entities(ctx, g) for g in kept]
+
+
+def word_text(ctx: TaskContext, word: str | list[str]) -> str:
+    """A token, or the pieces of a word (aggregate_word) joined as transformers joins them."""
+    return word if isinstance(word, str) else tokens_to_string(ctx, word)
 
 
 def group_sub_entities(ctx: TaskContext, entities: list[dict]) -> dict:
     return {
         "entity_group": entities[0]["entity"].split("-", 1)[-1],
         "score": float(np.nanmean([e["score"] for e in entities])),
-        "word": tokens_to_string(ctx, [e["word"] for e in entities]),
+        "word": tokens_to_string(ctx, [word_text(ctx, e["word"]) for e in entities]),
         "start": entities[0]["start"],
         "end": entities[-1]["end"],
     }
