@@ -261,7 +261,7 @@ def get_tag(name: str) -> tuple[str, str]:
 def group_entities(ctx: TaskContext, entities: list[dict], ignore: list[str]) -> list[dict]:
     """Consecutive entities of one type (B- starts a new one) as one; a group whose type is
     ignored is dropped here, before its text is decoded."""
-    groups: list[dict] = []
+    groups: list[list[dict]] = []
     current: list[dict] = []
     for entity in entities:
         if not current:
