@@ -143,9 +143,12 @@ def test_requests_queued_past_max_queue_time_get_429_not_a_late_answer(bundle_di
                 return await asyncio.gather(first, *rest)
 
         responses = asyncio.run(burst())
-        # the second waited one batch (0.6 s, within 0.2 s + the batch); the others longer
-        assert [r.status_code for r in responses] == [200, 200, 429, 429]
-        late = responses[2]
+        # The queued one the model took next waited one batch (0.6 s, within 0.2 s + the batch)
+        # and is served; the other two waited longer. Which of the three arrived first is the
+        # network's choice (three connections at once), so their order is not asserted.
+        codes = [r.status_code for r in responses]
+        assert codes[0] == 200 and sorted(codes[1:]) == [200, 429, 429], codes
+        late = next(r for r in responses if r.status_code == 429)
         assert late.headers["retry-after"] == "1" and "queued over 200 ms" in late.json()["error"]
         assert backend.calls == 2  # the refused requests never ran
         assert (
