@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from bench.ceiling import classify_rows, load, single_latency_ms
+from bench.inputs import write_bodies
 from bench.loadgen import closed_loop
 from bench.servers import OURS, only_bundles, serve
 
@@ -28,18 +29,20 @@ def main() -> None:
     parser.add_argument("--bundle", type=Path, default=ROOT / "bundles" / "sst2-minilm")
     parser.add_argument("--layouts", default="2x1,2x2", help="WORKERSxTHREADS, comma-separated")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--bodies", type=Path, default=ROOT / "runs/bench/inputs/classify.jsonl")
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "threads")
     parser.add_argument("--port", type=int, default=8124)
     args = parser.parse_args()
 
+    bodies = write_bodies("classify", args.data, args.work / "inputs")  # SST-2 dev sentences
     engine, ctx = load(args.bundle, os.cpu_count() or 1)
-    rows = classify_rows(ctx, args.bodies)
+    rows = classify_rows(ctx, bodies)
     raw = single_latency_ms(engine, rows, ctx.spec.tokenizer.pad_id)
     del engine
     print(json.dumps({"raw_single_ms": round(raw, 2)}), flush=True)
     bundles = only_bundles(args.bundle.parent, [args.bundle.name], args.work / "bundles")
     layouts = [tuple(x.split("x")) for x in args.layouts.split(",")]
+    log, ready = args.work / "server.log", b'{"inputs": "a charming film"}'
     results: dict[str, list[dict]] = {}
     for r in range(args.rounds):
         for workers, threads in layouts if r % 2 == 0 else layouts[::-1]:
@@ -48,12 +51,10 @@ def main() -> None:
                 "BERTSERVE_INTRA_OP_THREADS": threads,
                 "BERTSERVE_LOG_LEVEL": "warning",
             }
-            log = args.work / "server.log"
-            ready = b'{"inputs": "a charming film"}'
             with serve(OURS, bundles, bundles, args.port, ready, log, env) as server:
                 url = server.url("classify")
-                closed_loop(url, args.bodies, 8, 2)  # warm-up
-                res = {c: closed_loop(url, args.bodies, c, 6) for c in LEVELS}
+                closed_loop(url, bodies, 8, 2)  # warm-up
+                res = {c: closed_loop(url, bodies, c, 6) for c in LEVELS}
             line = {"round": r, "layout": f"{workers}x{threads}", "c1_p50_ms": res[1].p50_ms}
             line |= {f"c{c}_req_s": res[c].throughput for c in LEVELS}
             results.setdefault(line["layout"], []).append(line)

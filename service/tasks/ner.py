@@ -180,21 +180,14 @@ def postprocess(
                     "is_subword": is_subword,
                 }
             )
-        entities = aggregate(ctx, pre, strategy, labels, ignore_labels)
-        out.append(
-            [
-                e
-                for e in entities
-                if e.get("entity") not in ignore_labels
-                and e.get("entity_group") not in ignore_labels
-            ]
-        )
+        out.append(aggregate(ctx, pre, strategy, labels, ignore_labels))
     return out
 
 
 def aggregate(
     ctx: TaskContext, pre: list[dict], strategy: str, labels: list[str], ignore: list[str]
 ) -> list[dict]:
+    """The entities of one text, those whose label (or group's type) is in `ignore` left out."""
     if strategy in ("none", "simple"):
         entities = []
         for p in pre:
@@ -210,7 +203,7 @@ def aggregate(
                 }
             )
         if strategy == "none":
-            return entities
+            return [e for e in entities if e["entity"] not in ignore]
     else:
         entities = aggregate_words(pre, strategy, labels)
     return group_entities(ctx, entities, ignore)
