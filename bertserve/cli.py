@@ -43,6 +43,12 @@ COMMANDS: dict[str, Command] = {
     "distil": Command(
         "model.training.__main__", ("distil",), "distil a teacher into a small student", "train"
     ),
+    "shrink": Command(
+        "model.training.__main__",
+        ("shrink",),
+        "a student's start: a teacher's first layers, narrowed",
+        "train",
+    ),
     "soup": Command(
         "model.training.__main__",
         ("soup",),

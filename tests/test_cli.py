@@ -23,6 +23,7 @@ SUBCOMMANDS = (
     "pretrain",
     "finetune",
     "distil",
+    "shrink",
     "soup",
     "evaluate",
     "bench",

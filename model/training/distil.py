@@ -1,8 +1,10 @@
-"""Knowledge distillation: a fine-tuned teacher (all-MiniLM-L6-v2, 6 x 384) teaches our own small
-pre-trained model (2 x 128, its own cased vocabulary) a task.
+"""Knowledge distillation: a fine-tuned teacher (all-MiniLM-L6-v2, 6 x 384) teaches a small
+student of our architecture a task: the teacher's first layers narrowed to 2 x 192
+(`model/training/shrink.py`, the teacher's vocabulary), or our own from-scratch pre-trained
+2 x 128 model (its own cased vocabulary).
 
     python -m model.training distil --task classify --teacher runs/minilm-sst2 \
-        --student checkpoints/pretrained-wiki-tiny --data DATA/sst2 --out runs/distil-sst2
+        --student runs/minilm-2x192 --data DATA/sst2 --out runs/distil-sst2
 
 The classic recipe (Hinton et al.; hints as in FitNets / TinyBERT):
 
@@ -14,7 +16,7 @@ with the temperature T lowered linearly from `temperature_start` (3) to `tempera
 training and hard:soft = 1:3. Student layer j (1-based) learns from teacher layer
 m(j) = j * L_teacher / L_student through a linear map W_j (dropped after training).
 
-Teacher and student tokenise differently (uncased 30k vs cased 16k WordPiece), so soft targets
+Teacher and student may tokenise differently (uncased 30k vs cased 16k WordPiece), so soft targets
 and hints are compared at positions that mean the same thing in both: [CLS], and the first piece
 of each word (both pre-tokenisers split words alike; for QA, words are matched by character
 offset, and answer ends at each word's last piece). Classification compares whole-sequence
@@ -44,6 +46,7 @@ from torch import Tensor, nn
 from model.checkpoint import load_model, save_model
 from model.config import BertConfig
 from model.heads import BertPreTrainedModel
+from model.sources import read_provenance, write_provenance
 from model.tokenizer import BertTokenizer
 from model.training.data import tasks as data
 from model.training.finetune import (
@@ -52,7 +55,9 @@ from model.training.finetune import (
     FinetuneRecipe,
     batch_tensors,
     build_features,
+    case_overrides,
     dev_metric,
+    drop_case,
     fit,
     start_run,
     task_labels,
@@ -161,14 +166,23 @@ def paired_features(
     recipe: DistilRecipe,
     labels: list[str],
     teacher_cased: int = 0,
+    student_cased: int = 0,
 ) -> tuple[Paired, dict[str, int]]:
     """Training rows for both models, row i the same example, and the aligned positions
-    (`teacher_cased`: the teacher's segment ids carry letter case)."""
+    (`teacher_cased`, `student_cased`: that model's segment ids carry letter case; the
+    recipe's case_dropout then shows the same sentences to both without their case)."""
     teacher_len = recipe.teacher_max_seq_len or recipe.max_seq_len
     teacher_recipe = dataclasses.replace(recipe, max_seq_len=teacher_len)
     if task in ("classify", "ner"):
         student, examples = build_features(
-            task, student_tok, data_dir, "train", recipe, labels, recipe.train_fraction
+            task,
+            student_tok,
+            data_dir,
+            "train",
+            recipe,
+            labels,
+            recipe.train_fraction,
+            student_cased,
         )
         teacher, _ = build_features(
             task,
@@ -180,6 +194,12 @@ def paired_features(
             recipe.train_fraction,
             teacher_cased,
         )
+        if recipe.case_dropout:
+            if not student_cased:
+                raise ValueError("case_dropout needs case_type_ids")
+            drop_case(student, recipe.case_dropout, recipe.seed, student_cased)
+            if teacher_cased:  # the same rows: drop_case draws them from the seed alone
+                drop_case(teacher, recipe.case_dropout, recipe.seed, teacher_cased)
         if task == "classify":
             starts = [np.zeros((1, 2), dtype=np.int64)] * len(student)
         else:  # the k-th labelled piece is the k-th word's first piece in both
@@ -382,12 +402,16 @@ def distil(
     }
     if labels:
         overrides |= {"id2label": dict(enumerate(labels)), "label2id": None}
+    overrides |= case_overrides(task, recipe, student_init)
     student = load_model(student_init, HEAD[task], **overrides)
+    student_cased = student.config.case_type_ids
     s_tok, t_tok = BertTokenizer.load(student_init), BertTokenizer.load(teacher_dir)
     paired, counts = paired_features(
-        task, s_tok, t_tok, data_dir, recipe, labels or [], teacher_cased
+        task, s_tok, t_tok, data_dir, recipe, labels or [], teacher_cased, student_cased
     )
-    dev, dev_examples = build_features(task, s_tok, data_dir, "dev", recipe, labels or [])
+    dev, dev_examples = build_features(
+        task, s_tok, data_dir, "dev", recipe, labels or [], case_types=student_cased
+    )
     if recipe.dev_limit:
         dev, dev_examples = dev.head(recipe.dev_limit), dev_examples[: recipe.dev_limit]
     distiller = Distiller(student, teacher_config)
@@ -405,6 +429,10 @@ def distil(
             indent=2,
         )
     )
+
+    provenance = read_provenance(student_init)  # a student narrowed from published weights
+    if provenance is not None:
+        write_provenance(out, provenance)
 
     def save() -> None:
         save_model(student, out)

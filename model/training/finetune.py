@@ -334,6 +334,19 @@ def start_run(task: str, recipe: FinetuneRecipe) -> None:
     torch.manual_seed(recipe.seed)
 
 
+def case_overrides(task: str, recipe: FinetuneRecipe, source: Path) -> dict[str, Any]:
+    """Config changes for a recipe whose segment ids carry letter case (case_type_ids)."""
+    if not recipe.case_type_ids:
+        return {}
+    if task != "ner":
+        raise ValueError(f"case_type_ids is for ner (a one-segment tagging input), not {task}")
+    segments = read_config(source).type_vocab_size
+    return {
+        "case_type_ids": recipe.case_type_ids,
+        "type_vocab_size": max(segments, case_type_vocab(recipe.case_type_ids)),
+    }
+
+
 def finetune(
     task: str,
     init: str,
@@ -362,14 +375,7 @@ def finetune(
     if labels:
         overrides["id2label"] = dict(enumerate(labels))
         overrides["label2id"] = None
-    if recipe.case_type_ids:
-        if task != "ner":
-            raise ValueError(f"case_type_ids is for ner (a one-segment tagging input), not {task}")
-        segments = read_config(source).type_vocab_size
-        overrides |= {
-            "case_type_ids": recipe.case_type_ids,
-            "type_vocab_size": max(segments, case_type_vocab(recipe.case_type_ids)),
-        }
+    overrides |= case_overrides(task, recipe, source)
     model = load_model(source, HEAD[task], weights=not random_init, **overrides)
     cased = model.config.case_type_ids
     if recipe.case_dropout and not cased:

@@ -171,3 +171,31 @@ def test_distil_from_a_bundle_teacher(task, checkpoints, tmp_path):
     else:  # per token: the short row is padded to the batch's width, its tokens equal
         assert a.shape == b.shape == (2, 5)
         np.testing.assert_allclose(a[1, :3], b[0, :3], atol=1e-6)
+
+
+@pytest.mark.slow
+def test_distil_into_a_student_that_reads_letter_case(checkpoints, tmp_path):
+    """With case_type_ids the student's segment table grows to the scheme's rows and its
+    segment ids carry case, as the teacher's do; case dropout shows both the same sentences
+    without their case."""
+    data_dir = write_data(tmp_path)["ner"]
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        'task = "ner"\nmax_seq_len = 64\nbatch_size = 8\nepochs = 4\nlr = 1e-3\n'
+        "eval_every = 4\npatience = 100\nthreads = 1\ncase_type_ids = 2\ncase_dropout = 0.5\n"
+    )
+    init = str(checkpoints["BertForPreTraining"])
+    common = ["--data", str(data_dir), "--recipe", str(recipe)]
+    teacher = tmp_path / "teacher"
+    assert main(["finetune", "--task", "ner", "--init", init, "--out", str(teacher), *common]) == 0
+    out = tmp_path / "student"
+    args = ["distil", "--task", "ner", "--teacher", str(teacher), "--student", init]
+    assert main([*args, "--out", str(out), *common]) == 0
+    student = load_model(out)
+    assert student.config.case_type_ids == 2
+    assert student.config.type_vocab_size == load_model(teacher).config.type_vocab_size == 6
+
+    plain = tmp_path / "plain.toml"
+    plain.write_text(recipe.read_text().replace("case_type_ids = 2\n", ""))
+    common = ["--data", str(data_dir), "--recipe", str(plain)]
+    assert main([*args, "--out", str(tmp_path / "s2"), *common]) == 2  # dropout needs case
