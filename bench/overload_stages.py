@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--bundles", type=Path, default=ROOT / "bundles")
-    parser.add_argument("--classify-bundle", default="sst2-tiny-distilled")
+    parser.add_argument("--classify-bundle", default="sst2-distilled-2x192")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "overload-stages")
     parser.add_argument("env", nargs="*", help="NAME=VALUE for the server's environment")
     args = parser.parse_args()

@@ -4,7 +4,7 @@
     python -m bench.queue_wait --values 500,250 --seconds 30
 
 One server process per value (default settings otherwise), the values alternated over
-`--rounds`, the same bodies (SST-2 dev, the 2 x 128 student). Prints one Markdown row a run:
+`--rounds`, the same bodies (SST-2 dev, the 2 x 192 student). Prints one Markdown row a run:
 what was answered 200 and how fast, how many answers of any status took over 1 s.
 """
 
@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--bundles", type=Path, default=ROOT / "bundles")
-    parser.add_argument("--classify-bundle", default="sst2-tiny-distilled")
+    parser.add_argument("--classify-bundle", default="sst2-distilled-2x192")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "queue-wait")
     args = parser.parse_args()
     bodies = write_bodies("classify", args.data, args.work / "inputs")

@@ -114,7 +114,7 @@ def write_report(results: dict, out: Path, img: Path) -> None:
         f"- Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {m['os']}, "
         f"Python {m['python']}. The load generator and the server share these cores.",
         "- Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + ".",
-        f"- Model: `{results.get('classify_bundle', 'sst2-tiny-distilled')}` "
+        f"- Model: `{results.get('classify_bundle', 'sst2-distilled-2x192')}` "
         f"({results.get('model', '2 layers, hidden 128')}, ORT fusions on); "
         "inputs: the 872 SST-2 dev sentences in a fixed shuffled order "
         f"(mean {results['ceiling']['mean_tokens']:.1f} tokens, 3 to 60).",

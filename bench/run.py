@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.run") -> No
     )
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--bundles", type=Path, default=ROOT / "bundles")
-    parser.add_argument("--classify-bundle", default="sst2-tiny-distilled")
+    parser.add_argument("--classify-bundle", default="sst2-distilled-2x192")
     parser.add_argument(
         "--endpoints",
         default=",".join(ENDPOINTS),

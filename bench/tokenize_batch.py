@@ -1,6 +1,6 @@
 """Does tokenising a batch in one call cost less CPU than one call a text?
 
-    python -m bench.tokenize_batch --bundle bundles/sst2-tiny-distilled
+    python -m bench.tokenize_batch --bundle bundles/sst2-distilled-2x192
 
 The service tokenises each input with `Tokenizer.encode` on the event loop (or a worker thread
 for large requests). `encode_batch` releases the GIL and, with TOKENIZERS_PARALLELISM, spreads a
@@ -24,7 +24,7 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bundle", type=Path, default=Path("bundles/sst2-tiny-distilled"))
+    parser.add_argument("--bundle", type=Path, default=Path("bundles/sst2-distilled-2x192"))
     parser.add_argument("--data", type=Path, default=Path("../shared/data/sst2/dev.tsv"))
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5)

@@ -1,6 +1,6 @@
 """Peer 1: FastAPI + a transformers text-classification pipeline on torch, one request at a time.
 
-    python -m bench.peers.hf_pipeline --bundle bundles/sst2-tiny-distilled --port 8101
+    python -m bench.peers.hf_pipeline --bundle bundles/sst2-distilled-2x192 --port 8101
 
 The weights come out of the bundle's ONNX file (MatMul weights transposed back, ORT's fused QKV
 split into query/key/value) and the pipeline's logits are checked against ONNX Runtime's before

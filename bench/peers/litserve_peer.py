@@ -1,6 +1,6 @@
 """Peer 3: LitServe with its batching on (max batch and wait as the service's defaults).
 
-python -m bench.peers.litserve_peer --bundle bundles/sst2-tiny-distilled --port 8103
+python -m bench.peers.litserve_peer --bundle bundles/sst2-distilled-2x192 --port 8103
 """
 
 from __future__ import annotations

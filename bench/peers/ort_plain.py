@@ -1,6 +1,6 @@
 """Peer 2: FastAPI + ONNX Runtime, one model call per request, no batching.
 
-    python -m bench.peers.ort_plain --bundle bundles/sst2-tiny-distilled --port 8102
+    python -m bench.peers.ort_plain --bundle bundles/sst2-distilled-2x192 --port 8102
 
 A plain `def` endpoint, so FastAPI runs each request in its thread pool and ONNX Runtime sessions
 are called concurrently (InferenceSession.run is thread-safe).

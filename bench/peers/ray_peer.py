@@ -1,6 +1,6 @@
 """Peer 4: Ray Serve with `@serve.batch` (max batch and wait as the service's defaults).
 
-    python -m bench.peers.ray_peer --bundle bundles/sst2-tiny-distilled --port 8104
+    python -m bench.peers.ray_peer --bundle bundles/sst2-distilled-2x192 --port 8104
 
 Runs a local Ray cluster in this process tree (head node, Serve controller, HTTP proxy, one
 replica) and blocks until killed.
