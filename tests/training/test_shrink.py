@@ -127,19 +127,9 @@ def test_a_narrowed_student_distils_and_keeps_its_weights_provenance(checkpoints
     """The command chain of `make student-init` + `make student`: the student, narrowed from a
     teacher checkpoint, learns the teacher's task and carries the root weights' provenance
     (source.json) into its run, from where the exporter writes it into bundle.json."""
-    from tests.training.test_finetune import write_data
+    from tests.training.test_distil import fine_tuned_teacher
 
-    data_dir = write_data(tmp_path)["classify"]
-    recipe = tmp_path / "r.toml"
-    recipe.write_text(
-        'task = "classify"\nmax_seq_len = 64\nbatch_size = 8\nepochs = 5\nlr = 1e-3\n'
-        "eval_every = 4\npatience = 100\nthreads = 1\n"
-    )
-    init = str(checkpoints["BertForPreTraining"])
-    common = ["--data", str(data_dir), "--recipe", str(recipe)]
-    teacher = tmp_path / "teacher"
-    args = ["finetune", "--task", "classify", "--init", init, "--out", str(teacher)]
-    assert main([*args, *common]) == 0
+    teacher, common, _ = fine_tuned_teacher("classify", checkpoints, tmp_path, epochs=5)
     narrowed = tmp_path / "narrowed"
     args = ["shrink", "--teacher", str(teacher), "--layers", "1", "--hidden", "16"]
     assert main([*args, "--data", str(WIKI), "--sentences", "32", "--out", str(narrowed)]) == 0
