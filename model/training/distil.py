@@ -1,6 +1,6 @@
 """Knowledge distillation: a fine-tuned teacher (all-MiniLM-L6-v2, 6 x 384) teaches a small
-student of our architecture a task: the teacher's first layers narrowed to 2 x 192
-(`model/training/shrink.py`, the teacher's vocabulary), or our own from-scratch pre-trained
+student of our architecture a task: a teacher's first layers narrowed (2 x 192, 3 x 192:
+`model/training/shrink.py`, the teacher's vocabulary), or our own from-scratch pre-trained
 2 x 128 model (its own cased vocabulary).
 
     python -m model.training distil --task classify --teacher runs/minilm-sst2 \
@@ -195,8 +195,6 @@ def paired_features(
             teacher_cased,
         )
         if recipe.case_dropout:
-            if not student_cased:
-                raise ValueError("case_dropout needs case_type_ids")
             drop_case(student, recipe.case_dropout, recipe.seed, student_cased)
             if teacher_cased:  # the same rows: drop_case draws them from the seed alone
                 drop_case(teacher, recipe.case_dropout, recipe.seed, teacher_cased)
@@ -405,6 +403,8 @@ def distil(
     overrides |= case_overrides(task, recipe, student_init)
     student = load_model(student_init, HEAD[task], **overrides)
     student_cased = student.config.case_type_ids
+    if recipe.case_dropout and not student_cased:
+        raise ValueError("case_dropout needs case_type_ids")
     s_tok, t_tok = BertTokenizer.load(student_init), BertTokenizer.load(teacher_dir)
     paired, counts = paired_features(
         task, s_tok, t_tok, data_dir, recipe, labels or [], teacher_cased, student_cased

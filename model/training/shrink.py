@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -42,12 +42,12 @@ from model.config import BertConfig
 from model.heads import BertPreTrainedModel
 from model.sources import resolve_init, write_provenance
 from model.tokenizer import BertTokenizer
+from model.training.finetune import Features, batch_tensors
 
 log = logging.getLogger(__name__)
 
-_LAYER = re.compile(r"^bert\.encoder\.layer\.(\d+)\.(.+)$")
+_LAYERS = "bert.encoder.layer."
 _HEADS_IN = ("attention.self.query", "attention.self.key", "attention.self.value")
-_LAYER_NORMS = ("LayerNorm.weight",)
 
 
 @dataclass(frozen=True)
@@ -75,18 +75,14 @@ def collect_states(
     """The residual stream at every real token: embedding output and the first `layers`
     layers' outputs, stacked (N x H)."""
     bert = teacher.bert  # type: ignore[union-attr]
+    enc = tok.encode_batch(texts, max_length=128)
+    features = Features([e.input_ids for e in enc], [e.token_type_ids for e in enc], {})
     kept: list[Tensor] = []
     for i in range(0, len(texts), 32):
-        enc = tok.encode_batch(texts[i : i + 32], max_length=128)
-        width = max(len(e.input_ids) for e in enc)
-        ids = torch.zeros((len(enc), width), dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for j, e in enumerate(enc):
-            ids[j, : len(e.input_ids)] = torch.tensor(e.input_ids)
-            mask[j, : len(e.input_ids)] = 1
-        hidden = bert.embeddings(ids, torch.zeros_like(ids))
-        additive = extended_attention_mask(mask, hidden.dtype)
-        real = mask.bool()
+        batch = batch_tensors(features, np.arange(i, min(i + 32, len(texts))), tok.pad_id)
+        hidden = bert.embeddings(batch["input_ids"], batch["token_type_ids"])
+        additive = extended_attention_mask(batch["attention_mask"], hidden.dtype)
+        real = batch["attention_mask"].bool()
         kept.append(hidden[real])
         for layer in bert.encoder.layer[:layers]:
             hidden = layer(hidden, additive)
@@ -138,8 +134,9 @@ def _fold_gain(g: Tensor, p: Tensor, gain: float) -> Tensor:
 
 
 def _narrow_other(key: str, w: Tensor, p: Tensor, gain: float, h_t: int) -> Tensor:
-    """Embeddings and heads: every axis of the teacher's width is a stream axis."""
-    if key.endswith(_LAYER_NORMS):
+    """Embeddings and heads (the MLM decoder too: tied, it narrows as the word embeddings do):
+    every axis of the teacher's width is a stream axis."""
+    if key.endswith("LayerNorm.weight"):
         return _fold_gain(w, p, gain)
     if w.dim() == 1:
         return p.T @ w if w.shape[0] == h_t else w
@@ -182,22 +179,16 @@ def narrow(
     state = {k: v.detach() for k, v in teacher.state_dict().items()}
     narrowed: dict[str, Tensor] = {}
     for i in range(layers):
-        prefix = f"bert.encoder.layer.{i}."
+        prefix = f"{_LAYERS}{i}."
         layer = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
         heads = pick_heads(layer, p, t_cfg.num_attention_heads, keep_heads)
         picked = pick_units(layer, p, units)
         for name, w in _narrow_layer(layer, p, gain, heads, picked, head_dim).items():
             narrowed[prefix + name] = w
     for key, w in state.items():
-        if _LAYER.match(key) is None and key != "cls.predictions.decoder.weight":
+        if not key.startswith(_LAYERS):
             narrowed[key] = _narrow_other(key, w, p, gain, h_t)
-    expected = student.state_dict()
-    for key, w in narrowed.items():
-        if key in expected and w.shape != expected[key].shape:
-            want = tuple(expected[key].shape)
-            raise ValueError(f"narrowed {key} is {tuple(w.shape)}, not {want}")
-    student.load_state_dict({k: v for k, v in narrowed.items() if k in expected}, strict=False)
-    student.tie_weights()
+    student.load_state_dict(narrowed)  # strict: every key, every shape
     return student
 
 

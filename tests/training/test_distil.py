@@ -200,3 +200,35 @@ def test_distil_into_a_student_that_reads_letter_case(checkpoints, tmp_path):
     plain.write_text((tmp_path / "r.toml").read_text().replace("case_type_ids = 2\n", ""))
     common = [*common[:2], "--recipe", str(plain)]
     assert main([*args, "--out", str(tmp_path / "s2"), *common]) == 2  # dropout needs case
+
+
+def test_case_dropout_shows_both_models_the_same_sentences_without_their_case(
+    checkpoints, tmp_path
+):
+    """Student and teacher rows are the same examples, so a sentence shown without its case
+    is shown so to both (the same tokenizer on both sides: identical segment ids)."""
+    from model.training.distil import paired_features
+
+    data_dir = tmp_path / "conll2003"  # capitalised: a sentence without case reads differently
+    data_dir.mkdir()
+    sentence = "-DOCSTART- X X O\n\nParis X X B-LOC\nis X X O\nin X X O\nFrance X X B-LOC\n"
+    (data_dir / "eng.train").write_text(sentence + "\n".join(["The X X O\nKing X X B-PER\n"] * 40))
+    tok = BertTokenizer.load(checkpoints["BertForPreTraining"])
+    labels = list(data.CONLL_LABELS)
+
+    def pair(dropout: float):
+        recipe = DistilRecipe(
+            name="t", task="ner", max_seq_len=64, case_type_ids=2, case_dropout=dropout
+        )
+        return paired_features("ner", tok, tok, data_dir, recipe, labels, 2, 2)[0]
+
+    kept, dropped = pair(0.0), pair(0.5)
+    changed = [
+        i
+        for i, (a, b) in enumerate(
+            zip(kept.student.token_type_ids, dropped.student.token_type_ids, strict=True)
+        )
+        if a != b
+    ]
+    assert 0 < len(changed) < len(kept.student)
+    assert dropped.student.token_type_ids == dropped.teacher.token_type_ids
