@@ -180,9 +180,9 @@ models: $(STAMP)
 	$(MAKE) soup TASK=classify SET=sst2 NAME=sst2-minilm PRECISION=int8 \
 		RUNS="runs/sst2-minilm-3ep runs/sst2-minilm-mlm"
 	$(MAKE) teacher TASK=ner SET=conll2003 NAME=conll-minilm RECIPE=finetune-conll2003-minilm-case \
-		PRECISION=int8
+		PRECISION=int8-nf4-embeddings
 	$(MAKE) teacher TASK=qa SET=squad-v1.1 NAME=squad-minilm RECIPE=finetune-squad-minilm \
-		PRECISION=fp16-weights-int8-embeddings MAXLEN=256  # int8 failed the parity gate
+		PRECISION=fp16-weights-nf4-embeddings MAXLEN=256  # int8 failed the parity gate
 	# the students: a teacher's first layers narrowed to 192 wide, then distilled from the teacher
 	$(MAKE) student-init NAME=minilm-2x192
 	$(MAKE) student TASK=classify SET=sst2 NAME=sst2-distilled-2x192 TEACHER=runs/sst2-minilm \

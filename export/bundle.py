@@ -305,7 +305,7 @@ def convert_bundle(
     command: str | None = None,
 ) -> BundleSpec:
     """Rewrite a bundle's graph at another precision without its checkpoint: from fp32 to any,
-    or along `RECONVERT` (fp16-weights -> fp16-weights-int8-embeddings). The new graph is
+    or along `RECONVERT` (int8 -> int8-nf4-embeddings and the like). The new graph is
     measured against the old one on `eval_data` and refused, as at export, when it disagrees;
     the bundle's task metrics are dropped (they were of the old graph: evaluate it again)."""
     spec = load_bundle_spec(directory)

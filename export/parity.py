@@ -32,19 +32,30 @@ from service.tasks.ner import case_type_ids
 # bundle its MLM logits (every position of 872 SST-2 sentences) move by up to 0.16 and 98.98% of
 # the top-1 words stay, while the measured tasks hold: whole-word top-1 21.35% (21.25 before),
 # NSP 89.15% (the same). (MEASURED-BELOW)
+# *-nf4-embeddings 1.5 and 0.95: a 4-bit table moves each input by up to half the gap between
+# two levels (at most 0.14 of its block's scale). Against the graphs they replaced, on the 872
+# SST-2 dev sentences, the SST-2 student's logits moved by up to 0.42 (98.97% of top-1 kept),
+# the CoNLL teacher's by 2.4 at one token (99.51% of token labels kept), the SQuAD teacher's
+# span logits by 0.44 (98.97%); their tasks hold (docs/model-card.md, "Size"). The fill-mask
+# bundle (its tied decoder kept 92.25% of top-1 words) and the embedding bundle (94.15%) failed
+# 0.95 and keep int8 rows.
 TOLERANCE = {
     "fp32": 1e-4,
     "fp16-weights": 1e-2,
     "fp16-weights-int8-embeddings": 0.25,
+    "fp16-weights-nf4-embeddings": 1.5,
     "fp16": 5e-2,
     "int8": 1.5,
+    "int8-nf4-embeddings": 1.5,
 }
 MIN_AGREEMENT = {
     "fp32": 1.0,
     "fp16-weights": 0.99,
     "fp16-weights-int8-embeddings": 0.98,
+    "fp16-weights-nf4-embeddings": 0.95,
     "fp16": 0.99,
     "int8": 0.95,
+    "int8-nf4-embeddings": 0.95,
 }
 
 

@@ -16,8 +16,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 FORMAT_VERSION = 2
 BUNDLE_FILE = "bundle.json"
 # fp16-weights: weights stored in fp16, computed in fp32 (export.variants.to_fp16_weights);
-# fp16-weights-int8-embeddings: the same, with the word-embedding table in int8 rows.
-Precision = Literal["fp32", "fp16-weights", "fp16-weights-int8-embeddings", "fp16", "int8"]
+# fp16-weights-int8-embeddings: the same, with the word-embedding table in int8 rows;
+# *-nf4-embeddings: that table in 4-bit NormalFloat codes (export.variants.nf4_embeddings).
+Precision = Literal[
+    "fp32",
+    "fp16-weights",
+    "fp16-weights-int8-embeddings",
+    "fp16-weights-nf4-embeddings",
+    "fp16",
+    "int8",
+    "int8-nf4-embeddings",
+]
 BASE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 MASK_POSITIONS = "mask_positions"
 # How an output's batch rows are sliced back to one request's row: one value a sequence, one a

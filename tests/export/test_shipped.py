@@ -36,6 +36,13 @@ def test_shipped_bundle_verifies_against_its_checkpoint(bundle, monkeypatch):
     assert spec.metrics, "a shipped bundle carries its evaluation"
 
 
+def test_shipped_bundles_keep_within_their_size_budget():
+    """The models issue's budget: all of bundles/ under 150 MB (MB = 2^20 bytes, as the model
+    card counts). A new bundle makes room (int8, NF4 word tables) where its accuracy holds."""
+    size = sum(f.stat().st_size for f in (ROOT / "bundles").rglob("*") if f.is_file())
+    assert size <= 150 * 2**20, f"bundles/ holds {size / 2**20:.1f} MB"
+
+
 def test_int8_keeps_the_trained_models_predictions(tmp_path):
     fp32 = build_bundle(CHECKPOINT, ["fill-mask"], tmp_path / "fp32", max_seq_len=128)
     build_bundle(CHECKPOINT, ["fill-mask"], tmp_path / "int8", "int8", max_seq_len=128, force=True)
