@@ -121,6 +121,7 @@ def write_report(results: dict, out: Path, img: Path) -> None:
         "- Load: closed loop with `wrk -t1 -c<N>` and `bench/loadgen/replay.lua` (keep-alive, "
         "each connection sends its next body when the last answer arrives); open loop with "
         "Poisson arrivals from `bench/loadgen/openloop.py` (latency from the scheduled arrival).",
+        *[f"- Not run: {name}: {why}." for name, why in results.get("skipped", {}).items()],
         "",
         "## Headline",
         "",
@@ -226,7 +227,7 @@ NOTES = [
     "- Client CPU is the load generator's own CPU time over the run, as a share of one core. On 2",
     "  cores, CPU the client uses is CPU the server cannot: wrk keeps it to a few percent.",
     "- Start-up is from process start to the first 200 on /classify (bertserve loads and warms",
-    "  all four shipped bundles).",
+    "  the bundle under test and the other tasks' bundles).",
 ]
 
 

@@ -30,7 +30,8 @@ from pathlib import Path
 from bench.ceiling import measure as measure_ceiling
 from bench.inputs import ENDPOINTS, write_bodies
 from bench.loadgen import LoadResult, closed_loop, open_loop
-from bench.servers import OURS, PEERS, serve
+from bench.servers import OURS, PEERS, only_bundles, serve
+from service.bundle import load_bundle_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 PORT = 8199
@@ -114,6 +115,30 @@ def model_line(bundle: Path) -> str:
     return f"{a.layers} layers, hidden {a.hidden_size}, {spec.precision} ONNX"
 
 
+def served_bundles(bundles: Path, classify: Path) -> list[str]:
+    """The bundle under test and every bundle in `bundles` that does not classify."""
+    others = [
+        d.name
+        for d in sorted(bundles.iterdir())
+        if (d / "bundle.json").is_file() and "classify" not in load_bundle_spec(d).tasks
+    ]
+    return [classify.name, *[o for o in others if o != classify.name]]
+
+
+def runnable_peers(peers: list[str], bundle: Path) -> tuple[list[str], dict[str, str]]:
+    """The peers that can serve `bundle`, and why the others cannot: the transformers peer
+    rebuilds torch weights from the graph's float32 initializers (a quantised graph has none)."""
+    precision = load_bundle_spec(bundle).precision
+    if "transformers" in peers and precision != "fp32":
+        reason = (
+            f"{bundle.name} is {precision}; the transformers peer needs an fp32 bundle "
+            "(python -m export --checkpoint ... --task classify --out DIR, then "
+            "--bundles DIR/.. --classify-bundle NAME)"
+        )
+        return [p for p in peers if p != "transformers"], {"transformers": reason}
+    return peers, {}
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m bench.run") -> None:
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -162,16 +187,24 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.run") -> No
         + ")",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "ceiling": raw,
-        "classify_bundle": str(bundle),
+        "classify_bundle": str(bundle.relative_to(ROOT) if bundle.is_relative_to(ROOT) else bundle),
         "model": model_line(bundle),
         "classify": {},
         "endpoints": {},
         "open_loop": [],
     }
 
-    for name in [OURS, *[p for p in args.peers.split(",") if p]]:
+    # bertserve serves the bundle under test for /classify and the other tasks' bundles for the
+    # other endpoints: with every shipped bundle, /classify would go to the default model.
+    served = only_bundles(args.bundles, served_bundles(args.bundles, bundle), args.work / "bundles")
+    peers, skipped = runnable_peers([p for p in args.peers.split(",") if p], bundle)
+    results["skipped"] = skipped
+    for name, reason in skipped.items():
+        log(f"{name}: skipped: {reason}")
+    for name in [OURS, *peers]:
         log(f"{name}: starting")
-        with serve(name, args.bundles, bundle, PORT, ready, args.work / f"{name}.log") as server:
+        bundles = served if name == OURS else args.bundles
+        with serve(name, bundles, bundle, PORT, ready, args.work / f"{name}.log") as server:
             log(f"{name}: ready in {server.startup_s:.1f} s")
             url = server.url("classify")
             if name == OURS:

@@ -122,3 +122,27 @@ def test_ab_serves_an_old_format_bundle_unchanged(task, checkpoints, tmp_path):
     check_model_file(tmp_path / "up", spec)
     assert spec.output_axes == current.output_axes
     assert spec.model_sha256 == current.model_sha256
+
+
+def test_make_bench_serves_the_bundle_it_measures():
+    """With every shipped bundle, /classify goes to the default (the MiniLM teacher): make bench
+    measured the teacher over HTTP against the student's raw ceiling until it served only the
+    bundle under test beside the other tasks' bundles. The transformers peer rebuilds torch
+    weights from float32 initializers, so a quantised bundle skips it, saying why."""
+    from pathlib import Path
+
+    from bench.run import runnable_peers, served_bundles
+    from service.bundle import load_bundle_spec
+
+    shipped = Path(__file__).resolve().parents[2] / "bundles"
+    student = shipped / "sst2-distilled-2x192"
+    served = served_bundles(shipped, student)
+    assert served[0] == student.name
+    classifiers = [n for n in served if "classify" in load_bundle_spec(shipped / n).tasks]
+    assert classifiers == [student.name]
+    assert {"ner", "qa", "fill-mask", "nsp"} <= {
+        t for n in served for t in load_bundle_spec(shipped / n).tasks
+    }
+    peers, skipped = runnable_peers(["transformers", "fastapi-ort"], student)
+    assert peers == ["fastapi-ort"]
+    assert "needs an fp32 bundle" in skipped["transformers"]
