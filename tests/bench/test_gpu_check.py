@@ -54,3 +54,18 @@ def test_the_gpu_check_needs_no_torch():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_int8_bundles_are_checked_without_an_fp16_twin(tmp_path, monkeypatch):
+    """The shipped int8 graphs (QAttention, DynamicQuantizeMatMul) have no fp16 form: making one
+    stopped the whole check at the first int8 bundle (DequantizeLinear refused float16)."""
+    from pathlib import Path
+
+    from bench import gpu_check
+
+    monkeypatch.setattr(gpu_check, "TARGET", gpu_check.CPU)
+    shipped = Path(__file__).resolve().parents[2] / "bundles"
+    result = gpu_check.check_answers([shipped / "sst2-distilled-2x192"], tmp_path)
+    answers = result["sst2-distilled-2x192"]
+    assert answers["fp16"] == {"skipped": "int8 graph: no fp16 twin"}
+    assert answers["fp32"]["top1_agreement"] == 1.0
