@@ -42,6 +42,8 @@ SAMPLES = {
     "ner": ["Angela Merkel met Emmanuel Macron in Paris.", "EU rejects German call."] * 4,
     "embed": ["A man is eating food.", "Paris is the capital of France."] * 4,
     "fill-mask": ["Paris is the [MASK] of France."] * 4,
+    # one sequence of question and context: the span logits' numbers are what is compared
+    "qa": ["Where was Aristotle born? Aristotle was born in Stagira in 384 BC."] * 4,
 }
 
 
