@@ -77,32 +77,21 @@ def int8_embeddings(src: Path, dst: Path) -> None:
     measured on the MiniLM embedding bundle, ONNX Runtime's optimised graph holds this table as
     one fp32 initializer, but keeps a DequantizeLinear node and runs it on every call (4 x 32
     tokens, one thread: 41.7 ms against 34.7).
-    Applies to an fp32 graph or one with fp16-stored weights (the table behind a Cast)."""
-    import numpy as np
+    Applies to an fp32 graph or one with fp16-stored weights (the table behind a Cast), found
+    as `nf4_embeddings` finds it (`_word_table`)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     model = onnx.load(str(src))
     graph = model.graph
-    inits = {i.name: i for i in graph.initializer}
-    producers = {o: n for n in graph.node for o in n.output}
-    gathers = [n for n in graph.node if n.op_type == "Gather" and n.input[1] == "input_ids"]
-    if len(gathers) != 1:
-        raise ValueError(f"{src}: expected one Gather on input_ids, found {len(gathers)}")
-    name = gathers[0].input[0]
-    stored, cast = inits.get(name), None
-    if stored is None and name in producers and producers[name].op_type == "Cast":
-        cast = producers[name]
-        stored = inits.get(cast.input[0])
-    if stored is None:
-        raise ValueError(f"{src}: the word-embedding table {name!r} is not an initializer")
-    table = numpy_helper.to_array(stored).astype(np.float32)
+    name, table, stale, _ = _word_table(graph, src)
+    for node in stale:
+        graph.node.remove(node)
+    for init in [i for i in graph.initializer if i.name == name]:  # an fp32 table: now computed
+        graph.initializer.remove(init)
     scale = np.abs(table).max(axis=1, keepdims=True) / 127.0
     scale[scale == 0] = 1.0
     rows = np.clip(np.rint(table / scale), -127, 127).astype(np.int8)
-    graph.initializer.remove(stored)
-    if cast is not None:
-        graph.node.remove(cast)
     graph.initializer.extend(
         [
             numpy_helper.from_array(rows, f"{name}_int8"),
@@ -117,6 +106,7 @@ def int8_embeddings(src: Path, dst: Path) -> None:
     ]
     for node in reversed(nodes):
         graph.node.insert(0, node)
+    _drop_unused_initializers(graph)  # the fp16-stored table the Cast read
     onnx.save(model, str(dst))
 
 
