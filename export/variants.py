@@ -84,11 +84,7 @@ def int8_embeddings(src: Path, dst: Path) -> None:
 
     model = onnx.load(str(src))
     graph = model.graph
-    name, table, stale, _ = _word_table(graph, src)
-    for node in stale:
-        graph.node.remove(node)
-    for init in [i for i in graph.initializer if i.name == name]:  # an fp32 table: now computed
-        graph.initializer.remove(init)
+    name, table, _ = _take_word_table(graph, src)
     scale = np.abs(table).max(axis=1, keepdims=True) / 127.0
     scale[scale == 0] = 1.0
     rows = np.clip(np.rint(table / scale), -127, 127).astype(np.int8)
@@ -175,6 +171,17 @@ def dequantise_nf4(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return (levels * scales.astype(np.float32)).reshape(rows, cols)
 
 
+def _take_word_table(graph: Any, src: Path) -> tuple[str, np.ndarray, Any]:
+    """`_word_table`, with the nodes and the initializer that held the table taken out of the
+    graph: what remains is a name for the caller to produce, its value, and the Gather."""
+    name, table, stale, gather = _word_table(graph, src)
+    for node in stale:
+        graph.node.remove(node)
+    for init in [i for i in graph.initializer if i.name == name]:  # an fp32 table: now computed
+        graph.initializer.remove(init)
+    return name, table, gather
+
+
 def _word_table(graph: Any, src: Path) -> tuple[str, np.ndarray, list[Any], Any]:
     """The word-embedding table of a graph in any of our precisions: the name of the float32
     tensor the Gather on `input_ids` reads (and a tied decoder with it), its value, the nodes
@@ -233,11 +240,7 @@ def nf4_embeddings(src: Path, dst: Path) -> None:
 
     model = onnx.load(str(src))
     graph = model.graph
-    name, table, stale, gather = _word_table(graph, src)
-    for node in stale:
-        graph.node.remove(node)
-    for init in [i for i in graph.initializer if i.name == name]:  # an fp32 table: now computed
-        graph.initializer.remove(init)
+    name, table, gather = _take_word_table(graph, src)
     readers = [n for n in graph.node if name in n.input]
     per_row = readers == [gather]
     codes, scales = quantise_nf4(table)
