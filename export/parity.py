@@ -35,7 +35,7 @@ from service.tasks.ner import case_type_ids
 # *-nf4-embeddings 1.5 and 0.95: a 4-bit table moves each input by up to half the gap between
 # two levels (at most 0.14 of its block's scale). Against the graphs they replaced, on the 872
 # SST-2 dev sentences, the SST-2 student's logits moved by up to 0.42 (98.97% of top-1 kept),
-# the CoNLL teacher's by 2.4 at one token (99.51% of token labels kept), the SQuAD teacher's
+# the CoNLL teacher's by up to 2.4 (99.51% of token labels kept), the SQuAD teacher's
 # span logits by 0.44 (98.97%); their tasks hold (docs/model-card.md, "Size"). The fill-mask
 # bundle (its tied decoder kept 92.25% of top-1 words) and the embedding bundle (94.15%) failed
 # 0.95 and keep int8 rows.

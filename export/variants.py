@@ -77,8 +77,7 @@ def int8_embeddings(src: Path, dst: Path) -> None:
     measured on the MiniLM embedding bundle, ONNX Runtime's optimised graph holds this table as
     one fp32 initializer, but keeps a DequantizeLinear node and runs it on every call (4 x 32
     tokens, one thread: 41.7 ms against 34.7).
-    Applies to an fp32 graph or one with fp16-stored weights (the table behind a Cast), found
-    as `nf4_embeddings` finds it (`_word_table`)."""
+    Applies to the table in any form `_take_word_table` reads (fp32, fp16-stored, ...)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -138,12 +137,10 @@ def quantise_nf4(table: np.ndarray, block: int = NF4_BLOCK) -> tuple[np.ndarray,
     for ratio in np.linspace(0.5, 1.0, NF4_CLIPS):
         scale = (largest * ratio).astype(np.float16)
         scale[scale == 0] = 1.0
+        scale32 = scale.astype(np.float32)
         # the nearest level: how many midpoints between levels lie below the value
-        trial_codes = np.searchsorted(midpoints, values / scale.astype(np.float32))
-        trial_codes = trial_codes.astype(np.uint8)
-        err = ((levels[trial_codes] * scale.astype(np.float32) - values) ** 2).sum(
-            axis=2, keepdims=True
-        )
+        trial_codes = np.searchsorted(midpoints, values / scale32).astype(np.uint8)
+        err = ((levels[trial_codes] * scale32 - values) ** 2).sum(axis=2, keepdims=True)
         better = err < error
         codes = np.where(better, trial_codes, codes)
         scales = np.where(better, scale, scales)
@@ -172,21 +169,12 @@ def dequantise_nf4(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
 
 
 def _take_word_table(graph: Any, src: Path) -> tuple[str, np.ndarray, Any]:
-    """`_word_table`, with the nodes and the initializer that held the table taken out of the
-    graph: what remains is a name for the caller to produce, its value, and the Gather."""
-    name, table, stale, gather = _word_table(graph, src)
-    for node in stale:
-        graph.node.remove(node)
-    for init in [i for i in graph.initializer if i.name == name]:  # an fp32 table: now computed
-        graph.initializer.remove(init)
-    return name, table, gather
-
-
-def _word_table(graph: Any, src: Path) -> tuple[str, np.ndarray, list[Any], Any]:
-    """The word-embedding table of a graph in any of our precisions: the name of the float32
-    tensor the Gather on `input_ids` reads (and a tied decoder with it), its value, the nodes
-    that make it from stored weights, and that Gather. A dynamic int8 graph gathers uint8 rows
-    and dequantises them after the Gather: that pair is rewritten to gather a float32 table."""
+    """Take the word-embedding table out of a graph in any of our precisions: returns the name
+    of the float32 tensor the Gather on `input_ids` reads (and a tied decoder with it), for the
+    caller to produce again; its value; and that Gather. The nodes and the initializer that
+    held the table are removed (initializers they read go with `_drop_unused_initializers`).
+    A dynamic int8 graph gathers uint8 rows and dequantises them after the Gather: that pair
+    becomes a Gather on a float32 table."""
     from onnx import TensorProto, numpy_helper
 
     inits = {i.name: i for i in graph.initializer}
@@ -197,6 +185,7 @@ def _word_table(graph: Any, src: Path) -> tuple[str, np.ndarray, list[Any], Any]
     gather = gathers[0]
     name = gather.input[0]
     array = numpy_helper.to_array
+    made = producers.get(name)
     if name in inits and inits[name].data_type == TensorProto.UINT8:
         after = [n for n in graph.node if gather.output[0] in n.input]
         if len(after) != 1 or after[0].op_type != "DequantizeLinear":
@@ -205,21 +194,25 @@ def _word_table(graph: Any, src: Path) -> tuple[str, np.ndarray, list[Any], Any]
         scale, zero = array(inits[dq.input[1]]), array(inits[dq.input[2]])
         table = (array(inits[name]).astype(np.float32) - zero.astype(np.float32)) * scale
         float_name = name.removesuffix("_quantized")
-        taken = {i.name for i in graph.initializer} | set(producers)
-        float_name = float_name + "_float" if float_name in taken else float_name
-        gather.input[0] = float_name
-        gather.output[0] = dq.output[0]
-        return float_name, table, [dq], gather
-    if name in inits:
-        return name, array(inits[name]).astype(np.float32), [], gather
-    made = producers.get(name)
+        if float_name in inits or float_name in producers:
+            float_name += "_float"
+        gather.input[0], gather.output[0] = float_name, dq.output[0]
+        graph.node.remove(dq)
+        return float_name, table, gather
+    if name in inits:  # fp32
+        table = array(inits[name]).astype(np.float32)
+        graph.initializer.remove(inits[name])
+        return name, table, gather
     if made is not None and made.op_type == "Cast" and made.input[0] in inits:  # fp16-stored
-        return name, array(inits[made.input[0]]).astype(np.float32), [made], gather
+        graph.node.remove(made)
+        return name, array(inits[made.input[0]]).astype(np.float32), gather
     if made is not None and made.op_type == "Mul":  # int8 rows x scale column
         cast = producers.get(made.input[0])
         if cast is not None and cast.op_type == "Cast" and cast.input[0] in inits:
             rows = array(inits[cast.input[0]]).astype(np.float32)
-            return name, rows * array(inits[made.input[1]]), [made, cast], gather
+            graph.node.remove(made)
+            graph.node.remove(cast)
+            return name, rows * array(inits[made.input[1]]), gather
     raise ValueError(f"{src}: the word-embedding table {name!r} is not one this tool knows")
 
 
@@ -231,9 +224,10 @@ def nf4_embeddings(src: Path, dst: Path) -> None:
     Where only the Gather on `input_ids` reads the table, the graph gathers packed rows and
     their scales and unpacks just those (a Gather of each byte's two levels, a Mul by the
     scales): the table stays 4-bit in memory too, and each call unpacks batch x length x hidden
-    values (a few percent of a 2 x 192 student's time, under 2% of a MiniLM's: the card's
-    "Size"). Where a tied MLM decoder reads it as well, the same nodes unpack the whole table
-    from constants, which ONNX Runtime folds back to the float32 table when it loads the graph.
+    values (2-8% of a 2 x 192 student's time; for a MiniLM, 2% of a call in ONNX Runtime's
+    profile and 8-9% end to end: the card's "Size"). Where a tied MLM decoder reads it as well,
+    the same nodes unpack the whole table from constants, which ONNX Runtime folds back to the
+    float32 table when it loads the graph.
     Either way the values are the same float32 products, so the answers are too."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
