@@ -25,15 +25,18 @@ VERIFY_EXAMPLES = """examples:
   {prog} bundles/sst2-classify     # loads it as the service does; parity with its checkpoint
 """
 CONVERT_EXAMPLES = """examples:
-  {prog} bundles/squad-minilm --precision fp16-weights-nf4-embeddings \\
-      --eval-data DATA/sst2/dev.tsv     # then evaluate it again (its metrics are dropped)
-  {prog} bundles/conll-minilm --precision int8-nf4-embeddings --eval-data DATA/sst2/dev.tsv
+  {prog} bundles/squad-minilm --precision fp16-weights-int4-embeddings \\
+      --eval-data DATA/sst2/dev.tsv     # from fp16-weights-int8-embeddings; then evaluate it
+                                        # again (its metrics are dropped)
+  {prog} bundles/sst2-distilled-2x192 --precision int8-int4-embeddings \\
+      --eval-data DATA/sst2/dev.tsv     # from int8
 """
 PRECISIONS = list(get_args(Precision))
 PRECISION_HELP = (
     "fp16-weights: half the file, fp32 arithmetic; fp16-weights-int8-embeddings: the same with "
     "the word-embedding table in int8 rows; fp16: for GPUs; int8: for CPUs; "
-    "*-nf4-embeddings: the word-embedding table in 4-bit NormalFloat codes"
+    "*-int4-embeddings: the word-embedding table in 4 bits for ONNX Runtime's fused gather "
+    "(the input table only); *-nf4-embeddings: in 4-bit NormalFloat codes (a tied decoder too)"
 )
 
 
@@ -59,8 +62,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
             parser = argparse.ArgumentParser(
                 prog=f"{prog} convert",
                 description="Rewrite a bundle's graph at another precision, measured against "
-                "the graph it replaces; from fp32, or int8 -> int8-nf4-embeddings, "
-                "fp16-weights[-int8-embeddings] -> fp16-weights-nf4-embeddings, "
+                "the graph it replaces; from fp32, or int8 -> int8-{int4,nf4}-embeddings, "
+                "fp16-weights[-int8-embeddings] -> fp16-weights-{int4,nf4}-embeddings, "
                 "fp16-weights -> fp16-weights-int8-embeddings.",
                 epilog=CONVERT_EXAMPLES.format(prog=f"{prog} convert"),
                 formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -44,18 +44,22 @@ TOLERANCE = {
     "fp16-weights": 1e-2,
     "fp16-weights-int8-embeddings": 0.25,
     "fp16-weights-nf4-embeddings": 1.5,
+    "fp16-weights-int4-embeddings": 1.5,
     "fp16": 5e-2,
     "int8": 1.5,
     "int8-nf4-embeddings": 1.5,
+    "int8-int4-embeddings": 1.5,
 }
 MIN_AGREEMENT = {
     "fp32": 1.0,
     "fp16-weights": 0.99,
     "fp16-weights-int8-embeddings": 0.98,
     "fp16-weights-nf4-embeddings": 0.95,
+    "fp16-weights-int4-embeddings": 0.95,
     "fp16": 0.99,
     "int8": 0.95,
     "int8-nf4-embeddings": 0.95,
+    "int8-int4-embeddings": 0.95,
 }
 
 

@@ -17,15 +17,18 @@ FORMAT_VERSION = 2
 BUNDLE_FILE = "bundle.json"
 # fp16-weights: weights stored in fp16, computed in fp32 (export.variants.to_fp16_weights);
 # fp16-weights-int8-embeddings: the same, with the word-embedding table in int8 rows;
-# *-nf4-embeddings: that table in 4-bit NormalFloat codes (export.variants.nf4_embeddings).
+# *-nf4-embeddings: that table in 4-bit NormalFloat codes (export.variants.nf4_embeddings);
+# *-int4-embeddings: in 4-bit even steps for ONNX Runtime's fused gather (int4_embeddings).
 Precision = Literal[
     "fp32",
     "fp16-weights",
     "fp16-weights-int8-embeddings",
     "fp16-weights-nf4-embeddings",
+    "fp16-weights-int4-embeddings",
     "fp16",
     "int8",
     "int8-nf4-embeddings",
+    "int8-int4-embeddings",
 ]
 BASE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 MASK_POSITIONS = "mask_positions"
