@@ -67,5 +67,5 @@ def test_int8_bundles_are_checked_without_an_fp16_twin(tmp_path, monkeypatch):
     shipped = Path(__file__).resolve().parents[2] / "bundles"
     result = gpu_check.check_answers([shipped / "sst2-distilled-2x192"], tmp_path)
     answers = result["sst2-distilled-2x192"]
-    assert answers["fp16"] == {"skipped": "int8 graph: no fp16 twin"}
+    assert answers["fp16"] == {"skipped": "int8-int4-embeddings graph: no fp16 twin"}
     assert answers["fp32"]["top1_agreement"] == 1.0
