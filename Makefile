@@ -160,7 +160,7 @@ student: $(STAMP)
 		$(if $(RECIPE),--recipe $(RECIPE))
 	$(MAKE) bundle NAME=$(NAME) EVAL_TASK=$(TASK) SET=$(SET) EXPORT_ARGS="--checkpoint \
 		runs/$(NAME) --task $(TASK) --max-seq-len $(or $(MAXLEN),128) \
-		--precision $(or $(PRECISION),int8) --eval-data $(DATA)/sst2/dev.tsv"
+		--precision $(or $(PRECISION),int8-int4-embeddings) --eval-data $(DATA)/sst2/dev.tsv"
 
 bundle:
 	$(BUNDLE)
@@ -177,7 +177,7 @@ models: $(STAMP)
 	$(MAKE) finetune TASK=classify SET=sst2 NAME=sst2-minilm-3ep RECIPE=finetune-sst2-minilm-3ep
 	$(MAKE) finetune TASK=classify SET=sst2 NAME=sst2-minilm-mlm RECIPE=finetune-sst2-minilm \
 		INIT=runs/pretrain-minilm
-	$(MAKE) soup TASK=classify SET=sst2 NAME=sst2-minilm PRECISION=int8 \
+	$(MAKE) soup TASK=classify SET=sst2 NAME=sst2-minilm PRECISION=int8-int4-embeddings \
 		RUNS="runs/sst2-minilm-3ep runs/sst2-minilm-mlm"
 	$(MAKE) teacher TASK=ner SET=conll2003 NAME=conll-minilm RECIPE=finetune-conll2003-minilm-case \
 		PRECISION=int8-nf4-embeddings
