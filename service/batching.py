@@ -8,8 +8,11 @@ With `max_wait_ms` > 0 it also waits, up to that long after the oldest row arriv
 to fill (row cap or token budget). It drops rows whose request was cancelled (client gone),
 whose deadline passed (504), or that have been queued past `max_queue_time_ms` (429 with
 Retry-After: admission's estimate of the wait was outrun), and picks the oldest row plus the
-rows closest to it in length, so padding stays small. The model runs on a single worker
-thread; ONNX Runtime's own threads use the cores. A failed call fails the rows of that batch
+rows closest to it in length, so padding stays small. It stops adding rows where the padding
+they bring costs more model time than another call would (`CallCost`, measured as it serves):
+a client batch of sentences of every length runs as a few calls of similar lengths, not one
+call padded to its longest. The model runs on a single worker thread; ONNX Runtime's own
+threads use the cores. A failed call fails the rows of that batch
 only; if the loop itself dies it is restarted and readiness is false until it is.
 """
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -71,6 +74,53 @@ class _Item:
     enqueued: float = field(default_factory=time.monotonic)
 
 
+class CallCost:
+    """What one more model call costs, in tokens' worth of model time: `overhead_tokens()`.
+
+    Fitted as the model serves: the time of a call (in the inference thread) against its padded
+    tokens, by exponentially weighted least squares, gives a fixed cost a call and a cost a
+    token; the time of a cycle around the call (the event loop's turn, padding, handing out
+    results) is fixed cost too. A batch gains from a row that pads it by fewer slots than that.
+    None until a spread of batch sizes has been measured: then nothing is split."""
+
+    DECAY = 0.98  # weight of the older batches: about the last fifty count
+
+    def __init__(self) -> None:
+        self.w = self.sx = self.sy = self.sxx = self.sxy = 0.0
+        self.around_s = 0.0
+
+    def observe(self, tokens: int, call_s: float, cycle_s: float) -> None:
+        d = self.DECAY
+        self.w = d * self.w + 1.0
+        self.sx = d * self.sx + tokens
+        self.sy = d * self.sy + call_s
+        self.sxx = d * self.sxx + tokens * tokens
+        self.sxy = d * self.sxy + tokens * call_s
+        around = max(cycle_s - call_s, 0.0)
+        self.around_s = around if self.w < 1.5 else 0.8 * self.around_s + 0.2 * around
+
+    def overhead_tokens(self) -> float | None:
+        spread = self.w * self.sxx - self.sx * self.sx  # w^2 x the variance of the sizes
+        if self.w < 8 or spread <= 0.01 * self.w * self.sxx:  # too few, or sizes nearly alike
+            return None
+        per_token = (self.w * self.sxy - self.sx * self.sy) / spread
+        if per_token <= 0:
+            return None
+        fixed = max((self.sy - per_token * self.sx) / self.w, 0.0)
+        return (fixed + self.around_s) / per_token
+
+
+def _timed(
+    run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+) -> Callable[[dict[str, np.ndarray]], tuple[dict[str, np.ndarray], float]]:
+    def timed(feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+        started = time.perf_counter()
+        outputs = run(feeds)
+        return outputs, time.perf_counter() - started
+
+    return timed
+
+
 class Batcher:
     def __init__(
         self,
@@ -98,6 +148,7 @@ class Batcher:
         self.consecutive_failures = 0  # model calls that raised since the last that did not
         self.rows_per_s = 0.0  # measured drain rate (EWMA over cycles); 0: none measured yet
         self.cycle_s = 0.0  # measured time of one batch cycle (EWMA); 0: none measured yet
+        self.cost = CallCost()  # what another call costs against padding (_select)
         # Labelled children bound once: `labels()` costs a lock and a lookup on every call.
         self._dropped = {
             r: metrics.dropped.labels(name, r) for r in ("cancelled", "expired", "overdue")
@@ -211,7 +262,9 @@ class Batcher:
             feeds, lengths = self._pad(batch)
             started = time.monotonic()
             try:
-                outputs = await loop.run_in_executor(self._executor, self.backend.run, feeds)
+                outputs, call_s = await loop.run_in_executor(
+                    self._executor, _timed(self.backend.run), feeds
+                )
             except Exception:  # the backend's failure fails this batch only
                 # The error's text stays in the log: it may name files or memory addresses.
                 log.exception("model %s failed a batch of %d", self.name, len(batch))
@@ -244,6 +297,7 @@ class Batcher:
             )
             cycle = now - cycle_start
             self.cycle_s = cycle if not self.cycle_s else 0.8 * self.cycle_s + 0.2 * cycle
+            self.cost.observe(feeds["input_ids"].size, call_s, cycle)
             cycle_start = now
 
     async def _fill(self) -> None:
@@ -309,6 +363,9 @@ class Batcher:
                 continue
             batch.append(item)
             longest = new_longest
+        overhead = self.cost.overhead_tokens() if self.settings.split_batches else None
+        if overhead is not None:
+            batch = batch[: cheapest_prefix([len(item.row) for item in batch], overhead)]
         for item in batch:
             item.request.started = True
         chosen = {id(item) for item in batch}
@@ -334,6 +391,20 @@ class Batcher:
             if not item.future.done():
                 item.future.set_exception(error)
         self._items = []
+
+
+def cheapest_prefix(lengths: list[int], overhead: float) -> int:
+    """How many of a batch's rows (`lengths`: the oldest first, then by closeness to it) to run
+    now: the prefix whose model time a real token, (overhead + rows x longest) / real tokens, is
+    least. `overhead`: another call's fixed cost in tokens (`CallCost`). A row left out runs in a
+    later batch, with rows nearer its length."""
+    keep, cost, real_kept = 1, overhead + lengths[0], lengths[0]
+    longest = real = 0
+    for rows, length in enumerate(lengths, 1):
+        longest, real = max(longest, length), real + length
+        if (overhead + rows * longest) * real_kept <= cost * real:  # cheaper a token, or as cheap
+            keep, cost, real_kept = rows, overhead + rows * longest, real
+    return keep
 
 
 def pad_rows(

@@ -75,6 +75,11 @@ class Settings(BaseSettings):
         ge=0,
         description="how long an idle model waits for a batch to fill; 0: run what is queued",
     )
+    split_batches: bool = Field(
+        True,
+        description="run queued sequences of very different lengths as separate calls where "
+        "the padding would cost more model time than another call (measured as it serves)",
+    )
     max_queue_rows: int = Field(512, ge=1, description="sequences admitted per model; past it 429")
     max_queue_wait_ms: float = Field(
         500.0,

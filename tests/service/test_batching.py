@@ -1,6 +1,7 @@
 """The batching policy (`Batcher._select`) on its own: the oldest row always goes first, the
 rows closest to it in length join it, the row cap and the token budget (rows x longest) hold,
-and cancelled or expired rows are dropped before they cost compute."""
+cancelled or expired rows are dropped before they cost compute, and once a call's cost is
+measured, rows whose padding would cost more than another call wait for a batch of their own."""
 
 from __future__ import annotations
 
@@ -10,20 +11,22 @@ import time
 import numpy as np
 import pytest
 
-from service.batching import Batcher, Row, _Item, _Request
+from service.batching import Batcher, CallCost, Row, _Item, _Request, cheapest_prefix
 from service.errors import DeadlineExceeded, Overloaded
 from service.metrics import Metrics
 from service.settings import Settings
 
 
-def select(lengths, *, rows=4, tokens=1000, cancelled=(), expired=()):
+def select(lengths, *, rows=4, tokens=1000, cancelled=(), expired=(), cost=None, split=True):
     """Queue rows of the given lengths (oldest first), pick one batch; returns the lengths of
     the batch in pick order, the lengths left queued, and the items."""
 
     async def run():
         loop = asyncio.get_running_loop()
-        settings = Settings(max_batch_rows=rows, max_batch_tokens=tokens)
+        settings = Settings(max_batch_rows=rows, max_batch_tokens=tokens, split_batches=split)
         batcher = Batcher("m", None, settings, Metrics(), {}, 0, False)
+        if cost is not None:
+            batcher.cost = cost
         now = time.monotonic()
         items = []
         for i, n in enumerate(lengths):
@@ -112,3 +115,66 @@ def test_admission_refuses_past_the_queued_work_the_model_can_clear_in_time():
         "model m has over 100 ms of work queued (the limit); retry shortly"
     }
     assert all(isinstance(e, Overloaded) for e in refused)
+
+
+def measured(fixed_s: float, per_token_s: float, around_s: float) -> CallCost:
+    """A CallCost that has seen calls of 100-1,600 tokens taking fixed + per_token x tokens."""
+    cost = CallCost()
+    for tokens in (100, 400, 1600, 800, 200, 1200, 300, 900, 1500, 600):
+        call = fixed_s + per_token_s * tokens
+        cost.observe(tokens, call, call + around_s)
+    return cost
+
+
+def test_call_cost_is_fitted_from_the_calls_it_sees():
+    cost = measured(fixed_s=1e-3, per_token_s=1e-5, around_s=5e-4)
+    assert cost.overhead_tokens() == pytest.approx(150, rel=1e-3)  # (1 + 0.5 ms) / 10 us
+    # until a spread of sizes is seen there is no estimate, so nothing is split
+    few, alike = CallCost(), CallCost()
+    for _ in range(5):
+        few.observe(100, 2e-3, 3e-3)
+    for _ in range(20):
+        alike.observe(512, 6e-3, 7e-3)
+    assert few.overhead_tokens() is None and alike.overhead_tokens() is None
+    flat = measured(fixed_s=2e-3, per_token_s=0.0, around_s=0.0)  # time does not grow
+    assert flat.overhead_tokens() is None
+
+
+def test_cheapest_prefix_stops_where_padding_costs_more_than_a_call():
+    # another call costs 10 tokens: the 118 and 120 would pad 10-12 into 118s
+    assert cheapest_prefix([10, 11, 9, 12, 118, 120], overhead=10) == 4
+    assert cheapest_prefix([10, 11, 9, 12, 118, 120], overhead=1e6) == 6  # calls dear: all
+    assert cheapest_prefix([30] * 8, overhead=0.5) == 8  # no padding: all, however cheap a call
+    assert cheapest_prefix([60, 10], overhead=1) == 1  # the short one waits for its own kind
+
+
+def test_rows_of_far_lengths_wait_for_a_batch_of_their_own_once_a_call_is_measured():
+    """A client batch of short and long sentences: one call padded to the longest cost more
+    than two calls of like lengths (measured: 1.24x the sequences/s on client batches of 16,
+    docs/performance.md)."""
+    cost = measured(fixed_s=1e-4, per_token_s=1e-5, around_s=0.0)  # a call = 10 tokens
+    lengths = [10, 11, 9, 12, 118, 120]
+    batch, left, items = select(lengths, rows=8, cost=cost)
+    assert batch == [10, 11, 9, 12] and left == [118, 120]
+    assert not items[4].request.started  # the long rows are still only queued
+    batch, left, _ = select(lengths, rows=8, cost=cost, split=False)
+    assert sorted(batch) == sorted(lengths) and left == []
+    batch, left, _ = select(lengths, rows=8)  # nothing measured yet: as before
+    assert sorted(batch) == sorted(lengths)
+
+
+def test_the_batching_loop_measures_every_call():
+    async def run():
+        settings = Settings(max_batch_rows=4)
+        batcher = Batcher("m", SlowBackend(0.002), settings, Metrics(), {"logits": "row"}, 0, False)
+        batcher.start()
+        for n in (1, 4, 2, 3, 4, 1, 2, 4, 3, 1):
+            row = Row(np.full(8, 5, np.int64), np.zeros(8, np.int64))
+            await batcher.submit([row] * n)
+        await batcher.stop()
+        return batcher.cost
+
+    cost = asyncio.run(run())
+    assert cost.w > 8  # ten calls, older ones weighted down
+    assert cost.w * 0.002 <= cost.sy <= cost.w * 0.05  # in-thread times (weighted): 2 ms and up
+    assert cost.around_s >= 0
