@@ -1,7 +1,7 @@
 """4-bit word-embedding tables for ONNX Runtime's fused gather (GatherBlockQuantized): the codes,
 scales and zero points, the graph checked value for value against numpy in every stored form a
-table can have, the tied decoder it cannot serve, and bundles built and converted at the two
-`*-int4-embeddings` precisions."""
+table can have, the tied decoder it cannot serve, and bundles built at the two
+`*-int4-embeddings` precisions (converting one: test_nf4.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,11 @@ import onnx
 import pytest
 from onnx import TensorProto
 
-from export.__main__ import main
 from export.bundle import build_bundle, verify
 from export.parity import onnx_outputs
 from export.variants import INT4_BLOCK, dequantise_int4, int4_embeddings, quantise_int4
-from service.bundle import load_bundle_spec
 from tests.export.test_export import eval_tsv
-from tests.export.test_nf4 import FORMS, HIDDEN, VOCAB, _gather_graph
+from tests.export.test_nf4 import FORMS, HIDDEN, VOCAB, _gather_graph, optimised_graph
 
 
 def test_codes_scales_and_zero_points_keep_a_normal_table_within_a_tenth():
@@ -51,7 +49,6 @@ def test_a_table_that_does_not_split_into_blocks_is_refused():
 
 @pytest.mark.parametrize("form", [form for form, tied in FORMS if not tied])
 def test_the_fused_gather_returns_exactly_what_numpy_quantised(form, tmp_path):
-    import onnxruntime as ort
 
     table = np.random.default_rng(1).normal(0, 0.05, (VOCAB, HIDDEN)).astype(np.float32)
     src, dst = tmp_path / "src.onnx", tmp_path / "int4.onnx"
@@ -75,10 +72,7 @@ def test_the_fused_gather_returns_exactly_what_numpy_quantised(form, tmp_path):
     assert dst.stat().st_size < bound * src.stat().st_size
 
     # ONNX Runtime keeps the table packed: no float32 table appears when it optimises the graph
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimised.onnx")
-    ort.InferenceSession(str(dst), options, providers=["CPUExecutionProvider"])
-    optimised = onnx.load(options.optimized_model_filepath).graph
+    optimised = optimised_graph(dst, tmp_path)
     assert not [i for i in optimised.initializer if list(i.dims) == [VOCAB, HIDDEN]]
 
 
@@ -99,19 +93,3 @@ def test_bundles_with_int4_tables_keep_their_answers(checkpoints, tmp_path):
         assert verify(tmp_path / precision)["parity"]["top1_agreement"] >= 0.95
         nodes = onnx.load(str(tmp_path / precision / "model.onnx")).graph.node
         assert [n.input[1] for n in nodes if n.op_type == "GatherBlockQuantized"] == ["input_ids"]
-
-
-def test_convert_moves_an_int8_bundle_to_an_int4_table(checkpoints, tmp_path):
-    data = eval_tsv(tmp_path / "dev.tsv")
-    bundle = tmp_path / "c"
-    build_bundle(
-        checkpoints["BertForSequenceClassification"], ["classify"], bundle, "int8", eval_data=data
-    )
-    before = load_bundle_spec(bundle)
-    args = ["convert", str(bundle), "--precision", "int8-int4-embeddings", "--eval-data", str(data)]
-    assert main(args) == 0
-    after = load_bundle_spec(bundle)
-    assert after.precision == "int8-int4-embeddings"
-    assert after.variant_accuracy["reference"] == "int8"
-    assert after.variant_accuracy["converted_from"]["sha256"] == before.model_sha256
-    assert verify(bundle)["precision"] == "int8-int4-embeddings"

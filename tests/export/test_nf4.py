@@ -98,6 +98,16 @@ def _gather_graph(table: np.ndarray, form: str, path, tied: bool):
     return stored
 
 
+def optimised_graph(path, tmp_path):
+    """The graph as ONNX Runtime runs it, after its optimisations at load."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimised.onnx")
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return onnx.load(options.optimized_model_filepath).graph
+
+
 FORMS = [(f, False) for f in ("fp32", "fp16-weights", "int8-rows", "int8")] + [
     (f, True)
     for f in ("fp32", "fp16-weights", "int8-rows")  # dynamic int8 has no float table
@@ -106,7 +116,6 @@ FORMS = [(f, False) for f in ("fp32", "fp16-weights", "int8-rows", "int8")] + [
 
 @pytest.mark.parametrize(("form", "tied"), FORMS)
 def test_the_graph_unpacks_exactly_what_numpy_quantised(form, tied, tmp_path):
-    import onnxruntime as ort
 
     table = np.random.default_rng(1).normal(0, 0.05, (VOCAB, HIDDEN)).astype(np.float32)
     src, dst = tmp_path / "src.onnx", tmp_path / "nf4.onnx"
@@ -128,10 +137,7 @@ def test_the_graph_unpacks_exactly_what_numpy_quantised(form, tied, tmp_path):
 
     # As ONNX Runtime runs it: gathered alone, the table stays packed and only the gathered rows
     # are unpacked; read whole, it is unpacked once, at load, into one float32 table.
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimised.onnx")
-    ort.InferenceSession(str(dst), options, providers=["CPUExecutionProvider"])
-    optimised = onnx.load(options.optimized_model_filepath).graph
+    optimised = optimised_graph(dst, tmp_path)
     float_tables, packed_tables = (
         [i for i in optimised.initializer if list(i.dims) == dims and i.data_type == kind]
         for dims, kind in (
@@ -187,17 +193,19 @@ def test_tied_decoder_reads_the_one_nf4_table(checkpoints, tmp_path):
     ]
 
 
-def test_convert_moves_an_int8_bundle_to_an_nf4_table(checkpoints, tmp_path):
+@pytest.mark.parametrize("precision", ["int8-nf4-embeddings", "int8-int4-embeddings"])
+def test_convert_moves_an_int8_bundle_to_a_4bit_table(precision, checkpoints, tmp_path):
+    """Both 4-bit tables (NF4 here, ORT's fused gather in test_int4.py) from an int8 bundle."""
     data = eval_tsv(tmp_path / "dev.tsv")
     bundle = tmp_path / "c"
     build_bundle(
         checkpoints["BertForSequenceClassification"], ["classify"], bundle, "int8", eval_data=data
     )
     before = load_bundle_spec(bundle)
-    args = ["convert", str(bundle), "--precision", "int8-nf4-embeddings", "--eval-data", str(data)]
+    args = ["convert", str(bundle), "--precision", precision, "--eval-data", str(data)]
     assert main(args) == 0
     after = load_bundle_spec(bundle)
-    assert after.precision == "int8-nf4-embeddings"
+    assert after.precision == precision
     assert after.variant_accuracy["reference"] == "int8"
     assert after.variant_accuracy["converted_from"]["sha256"] == before.model_sha256
-    assert verify(bundle)["precision"] == "int8-nf4-embeddings"
+    assert verify(bundle)["precision"] == precision
