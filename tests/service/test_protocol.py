@@ -233,5 +233,31 @@ def test_an_idle_connection_with_a_request_waiting_is_not_closed_by_the_keep_ali
             assert closed_by_server(sock)
 
 
+def test_a_connection_its_client_resets_leaves_no_keep_alive_timer_behind(bundle_dir):
+    """uvicorn disarms an idle connection's keep-alive timer only when the connection closes
+    cleanly: after a reset the timer fired on the closed socket, whose descriptor is -1, and
+    the check for a waiting request raised ValueError (1,656 logged errors in one
+    `make reliability`)."""
+    import struct
+
+    with live_server(bundles=bundle_dir) as live:
+        sock = connect(live)
+        sock.sendall(post("/classify"))
+        assert read_response(sock)[0] == 200
+        (protocol,) = [p for p in live.server.server_state.connections if p.transport is not None]
+        assert protocol.timeout_keep_alive_task is not None  # idle, kept alive
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # RST, not FIN
+        asyncio.run(until(lambda: protocol not in live.server.server_state.connections))
+        assert protocol.timeout_keep_alive_task is None
+        loop = protocol.loop
+        waiting = asyncio.run_coroutine_threadsafe(_ask(protocol._request_waiting), loop).result()
+        assert waiting is False  # a closed socket has nothing waiting, and asking does not raise
+
+
+async def _ask(fn):
+    return fn()
+
+
 async def _call(fn) -> None:
     fn()
