@@ -6,6 +6,7 @@ converts graphs with these on a machine that has neither torch nor the model cod
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -202,9 +203,9 @@ def nf4_byte_pairs() -> np.ndarray:
     return np.stack([levels[byte & 15], levels[byte >> 4]], axis=1)
 
 
-def pack_nf4(codes: np.ndarray) -> np.ndarray:
-    """Two codes to a byte, the first (an even column) in the low nibble: (rows, cols) ->
-    (rows, cols / 2) uint8."""
+def pack_4bit(codes: np.ndarray) -> np.ndarray:
+    """Two 4-bit codes to a byte, the first (an even column) in the low nibble: (rows, cols) ->
+    (rows, cols / 2) uint8. NF4 codes and GatherBlockQuantized's codes and zero points alike."""
     return (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
 
 
@@ -271,8 +272,8 @@ def nf4_embeddings(src: Path, dst: Path) -> None:
     Where only the Gather on `input_ids` reads the table, the graph gathers packed rows and
     their scales and unpacks just those (a Gather of each byte's two levels, a Mul by the
     scales): the table stays 4-bit in memory too, and each call unpacks batch x length x hidden
-    values (2-8% of a 2 x 192 student's time; for a MiniLM, 2% of a call in ONNX Runtime's
-    profile and 8-9% end to end: the card's "Size"). Where a tied MLM decoder reads it as well,
+    values (6% of a 2 x 192 student's time, 1-2% of a MiniLM's, in batch-by-batch A/Bs as a
+    worker runs them: the card's "Size"). Where a tied MLM decoder reads it as well,
     the same nodes unpack the whole table from constants, which ONNX Runtime folds back to the
     float32 table when it loads the graph.
     Either way the values are the same float32 products, so the answers are too."""
@@ -289,7 +290,7 @@ def nf4_embeddings(src: Path, dst: Path) -> None:
     n = f"{name}_nf4"
     lead = [0, 0] if per_row else [rows]  # Reshape's 0: batch and length as they come
     constants = {
-        n: pack_nf4(codes),  # two codes a byte, the even column in the low nibble
+        n: pack_4bit(codes),  # two codes a byte, the even column in the low nibble
         f"{n}_scale": scales,
         f"{n}_pairs": nf4_byte_pairs(),
         f"{n}_blocks": np.asarray([*lead, cols // NF4_BLOCK, NF4_BLOCK], dtype=np.int64),
@@ -344,7 +345,7 @@ def int4_embeddings(src: Path, dst: Path) -> None:
     if zeros.shape[1] % 2:  # packed two to a byte like the codes: an odd count gets a pad
         zeros = np.pad(zeros, ((0, 0), (0, 1)))
     n = f"{name}_int4"
-    packed = {n: pack_nf4(codes), f"{n}_scale": scales, f"{n}_zero": pack_nf4(zeros)}
+    packed = {n: pack_4bit(codes), f"{n}_scale": scales, f"{n}_zero": pack_4bit(zeros)}
     graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in packed.items())
     fused = helper.make_node(
         "GatherBlockQuantized",
@@ -371,49 +372,31 @@ def _drop_unused_initializers(graph: Any) -> None:
         graph.initializer.remove(init)
 
 
-def to_int8_nf4_embeddings(src: Path, dst: Path) -> None:
-    """Dynamic int8 (`to_int8`), then the word-embedding table in NF4 (`nf4_embeddings`)."""
-    to_int8(src, dst)
-    nf4_embeddings(dst, dst)
+Convert = Callable[[Path, Path], None]  # (src, dst): a graph rewritten at another precision
 
 
-def to_fp16_weights_nf4_embeddings(src: Path, dst: Path) -> None:
-    """fp16-stored weights, then the word-embedding table in NF4 (`nf4_embeddings`)."""
-    to_fp16_weights(src, dst)
-    nf4_embeddings(dst, dst)
+def _then_table(weights: Convert, table: Convert) -> Convert:
+    """A conversion: `weights` (`to_int8`, `to_fp16_weights`) on the whole graph, then `table`
+    (`int8_embeddings`, `nf4_embeddings`, `int4_embeddings`) on its word-embedding table."""
 
+    def convert(src: Path, dst: Path) -> None:
+        weights(src, dst)
+        table(dst, dst)
 
-def to_int8_int4_embeddings(src: Path, dst: Path) -> None:
-    """Dynamic int8 (`to_int8`), then the word-embedding table for the fused 4-bit gather
-    (`int4_embeddings`)."""
-    to_int8(src, dst)
-    int4_embeddings(dst, dst)
-
-
-def to_fp16_weights_int4_embeddings(src: Path, dst: Path) -> None:
-    """fp16-stored weights, then the word-embedding table for the fused 4-bit gather
-    (`int4_embeddings`)."""
-    to_fp16_weights(src, dst)
-    int4_embeddings(dst, dst)
-
-
-def to_fp16_weights_int8_embeddings(src: Path, dst: Path) -> None:
-    """fp16-stored weights, and the word-embedding table in int8 rows (above): for the models
-    whose full int8 quantisation costs accuracy. fp32 arithmetic throughout."""
-    to_fp16_weights(src, dst)
-    int8_embeddings(dst, dst)
+    return convert
 
 
 # precision -> the conversion of an fp32 graph to it
 CONVERT = {
     "fp16": to_fp16,
     "fp16-weights": to_fp16_weights,
-    "fp16-weights-int8-embeddings": to_fp16_weights_int8_embeddings,
+    # fp16-weights-int8-embeddings: for the models whose full int8 quantisation costs accuracy
+    "fp16-weights-int8-embeddings": _then_table(to_fp16_weights, int8_embeddings),
+    "fp16-weights-nf4-embeddings": _then_table(to_fp16_weights, nf4_embeddings),
+    "fp16-weights-int4-embeddings": _then_table(to_fp16_weights, int4_embeddings),
     "int8": to_int8,
-    "int8-nf4-embeddings": to_int8_nf4_embeddings,
-    "int8-int4-embeddings": to_int8_int4_embeddings,
-    "fp16-weights-nf4-embeddings": to_fp16_weights_nf4_embeddings,
-    "fp16-weights-int4-embeddings": to_fp16_weights_int4_embeddings,
+    "int8-nf4-embeddings": _then_table(to_int8, nf4_embeddings),
+    "int8-int4-embeddings": _then_table(to_int8, int4_embeddings),
 }
 # what an already converted graph may become without its fp32 original (export convert)
 RECONVERT = {

@@ -12,8 +12,8 @@ rows closest to it in length, so padding stays small. It stops adding rows where
 they bring costs more model time than another call would (`CallCost`, measured as it serves):
 a client batch of sentences of every length runs as a few calls of similar lengths, not one
 call padded to its longest. The model runs on a single worker thread; ONNX Runtime's own
-threads use the cores. A failed call fails the rows of that batch
-only; if the loop itself dies it is restarted and readiness is false until it is.
+threads use the cores. A failed call fails the rows of that batch only; if the loop itself
+dies it is restarted and readiness is false until it is.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -108,17 +108,6 @@ class CallCost:
             return None
         fixed = max((self.sy - per_token * self.sx) / self.w, 0.0)
         return (fixed + self.around_s) / per_token
-
-
-def _timed(
-    run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
-) -> Callable[[dict[str, np.ndarray]], tuple[dict[str, np.ndarray], float]]:
-    def timed(feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
-        started = time.perf_counter()
-        outputs = run(feeds)
-        return outputs, time.perf_counter() - started
-
-    return timed
 
 
 class Batcher:
@@ -262,9 +251,7 @@ class Batcher:
             feeds, lengths = self._pad(batch)
             started = time.monotonic()
             try:
-                outputs, call_s = await loop.run_in_executor(
-                    self._executor, _timed(self.backend.run), feeds
-                )
+                outputs, call_s = await loop.run_in_executor(self._executor, self._run, feeds)
             except Exception:  # the backend's failure fails this batch only
                 # The error's text stays in the log: it may name files or memory addresses.
                 log.exception("model %s failed a batch of %d", self.name, len(batch))
@@ -299,6 +286,12 @@ class Batcher:
             self.cycle_s = cycle if not self.cycle_s else 0.8 * self.cycle_s + 0.2 * cycle
             self.cost.observe(feeds["input_ids"].size, call_s, cycle)
             cycle_start = now
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+        """The model call, on the model's thread, and how long it took there (`CallCost`)."""
+        started = time.perf_counter()
+        outputs = self.backend.run(feeds)
+        return outputs, time.perf_counter() - started
 
     async def _fill(self) -> None:
         """Wait for more rows until the batch is full or the oldest row has waited max_wait."""

@@ -89,7 +89,6 @@ def test_bundles_with_int4_tables_keep_their_answers(checkpoints, tmp_path):
     for precision in ("int8-int4-embeddings", "fp16-weights-int4-embeddings"):
         spec = build_bundle(ckpt, ["classify"], tmp_path / precision, precision, eval_data=data)
         assert spec.precision == precision
-        assert spec.variant_accuracy["top1_agreement"] >= spec.variant_accuracy["min_agreement"]
         assert verify(tmp_path / precision)["parity"]["top1_agreement"] >= 0.95
         nodes = onnx.load(str(tmp_path / precision / "model.onnx")).graph.node
         assert [n.input[1] for n in nodes if n.op_type == "GatherBlockQuantized"] == ["input_ids"]

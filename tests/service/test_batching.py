@@ -177,4 +177,3 @@ def test_the_batching_loop_measures_every_call():
     cost = asyncio.run(run())
     assert cost.w > 8  # ten calls, older ones weighted down
     assert cost.w * 0.002 <= cost.sy <= cost.w * 0.05  # in-thread times (weighted): 2 ms and up
-    assert cost.around_s >= 0
