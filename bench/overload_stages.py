@@ -89,6 +89,9 @@ def main() -> None:
         "client_over_1s": result["over_1s"],
         "statuses": result["statuses"],
         "socket_errors": result["socket_errors"],
+        "socket_error_kinds": result["socket_error_kinds"],
+        "late_by_second": result["late_by_second"],
+        "recovery_per_s": [round(x) for x in result["recovery_per_s"]],
     }
     print(json.dumps(client))
     for name, labels in HISTOGRAMS:

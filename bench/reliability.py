@@ -96,6 +96,7 @@ def overload(server, bodies: Path, seconds: float) -> dict:
         "p99_ms": flood.p99_ms,
         "max_ms": flood.extra["max_ms"],
         "over_1s": flood.extra["over_1s"],
+        "late_by_second": flood.extra["late_by_second"],
         "by_status": flood.extra["by_status"],
         "client_cpu_pct": flood.client_cpu_pct,
         "rss_before_mib": before["VmRSS"],

@@ -166,6 +166,7 @@ def open_loop(
             "error_kinds": raw["error_kinds"],
             "max_ms": raw["max_ms"],
             "over_1s": raw["over_1s"],
+            "late_by_second": raw["late_by_second"],
             "by_status": raw["by_status"],
         },
     )

@@ -46,6 +46,14 @@ def _requests(url: str, bodies_path: str) -> list[tuple[bytes, bytes]]:
     return out
 
 
+def _idle_bucket(seconds: float) -> str:
+    """A coarse label for how long a connection sat idle before its failed reuse."""
+    for bound in (0.1, 1, 4.5, 5.5, 30):
+        if seconds < bound:
+            return f"idle-under-{bound:g}s"
+    return "idle-30s-or-more"
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive client connection: a request written, its answer parsed from the bytes as
     they arrive (status line, Content-Length, Connection), no stream objects or tasks per
@@ -56,6 +64,7 @@ class _Connection(asyncio.Protocol):
         self.buffer = bytearray()
         self.done: Callable[[int | None, bool, BaseException | None], None] | None = None
         self.lost = False
+        self.idle_since: float | None = None  # when its last answer ended (None: never used)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -109,6 +118,7 @@ async def run(args: argparse.Namespace) -> dict:
     outstanding = 0
     answered: list[tuple[str, int]] = []  # (X-Request-ID, status), with --ids-out
     error_kinds: dict[str, int] = {}
+    late_by_second: dict[int, int] = {}  # answers over 1 s, by the second they were scheduled in
     finished = asyncio.Event()
 
     def settle() -> None:
@@ -117,29 +127,40 @@ async def run(args: argparse.Namespace) -> dict:
         if outstanding == 0 and finished_sending:
             finished.set()
 
-    def failed(phase: str, exc: BaseException) -> None:
+    def failed(phase: str, exc: BaseException, idle_for: float | None = None) -> None:
         # "connect:ConnectionRefusedError": nothing listened (never admitted, safe to retry
-        # elsewhere); "exchange:...": the connection broke or timed out with the request on it.
+        # elsewhere); "exchange:...": the connection broke or timed out with the request on it,
+        # on a fresh connection or on one reused after sitting idle (how long says whose timer
+        # closed it: a server's keep-alive timeout racing the reuse, or something else).
         nonlocal errors
         errors += 1
         kind = f"{phase}:{type(exc).__name__}"
         if type(exc) is OSError and exc.errno:
             kind += f":{errno.errorcode.get(exc.errno, exc.errno)}"
+        if phase == "exchange":
+            kind += ":fresh" if idle_for is None else f":reused-after-{_idle_bucket(idle_for)}"
         error_kinds[kind] = error_kinds.get(kind, 0) + 1
 
     def exchange(conn: _Connection, request: bytes, scheduled: float, rid: str | None) -> None:
+        idle_for = None if conn.idle_since is None else time.perf_counter() - conn.idle_since
+
         def done(status: int | None, keep: bool, exc: BaseException | None) -> None:
             nonlocal open_count
             timer.cancel()
             if status is None:
-                failed("exchange", exc or TimeoutError())
+                failed("exchange", exc or TimeoutError(), idle_for)
                 conn.close()
                 open_count -= 1
             else:
-                latencies.setdefault(status, []).append(time.perf_counter() - scheduled)
+                latency = time.perf_counter() - scheduled
+                latencies.setdefault(status, []).append(latency)
+                if latency > 1:  # when in the run the late ones were sent: a ramp, or steady
+                    second = int(scheduled - start)
+                    late_by_second[second] = late_by_second.get(second, 0) + 1
                 if rid is not None:
                     answered.append((rid, status))
                 if keep and not conn.lost:
+                    conn.idle_since = time.perf_counter()
                     idle.append(conn)
                 else:
                     conn.close()
@@ -240,6 +261,7 @@ async def run(args: argparse.Namespace) -> dict:
             }
             for k, v in sorted(latencies.items())
         },
+        "late_by_second": dict(sorted(late_by_second.items())),
         "client_cpu_s": (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime),
     }
 
