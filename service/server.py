@@ -74,6 +74,12 @@ def ready_text(facts: dict) -> str:
     return "\n".join(lines)
 
 
+# How long a drain waits for the connections it took from the accept queue to send their
+# request (and get the draining 503): a client that connected just before the listener closed
+# sends at once; one that sends nothing is closed when this ends.
+SWEEP_WAIT_S = 5.0
+
+
 class DrainingServer(uvicorn.Server):
     """uvicorn, with a first SIGTERM that drains instead of cutting in-flight requests, and a
     line for people (or one structured log line, off a terminal) once every model is warm."""
@@ -183,7 +189,7 @@ class DrainingServer(uvicorn.Server):
             listener.close()
         # Their requests get the draining 503 and the protocol closes them; a client that
         # connected and sends nothing is closed at the deadline (or by the shutdown).
-        wait_until = min(deadline, time.monotonic() + self.config.timeout_keep_alive)
+        wait_until = min(deadline, time.monotonic() + SWEEP_WAIT_S)
         while any(not t.is_closing() for t in transports) and time.monotonic() < wait_until:
             await asyncio.sleep(0.01)
         return len(transports)
@@ -246,6 +252,8 @@ def uvicorn_config(app, settings: Settings) -> uvicorn.Config:
         log_config=None,
         lifespan="on",
         timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
+        # Annotated int, used only as loop.call_later's delay: a float is what it takes.
+        timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]
     )
 
 

@@ -121,6 +121,16 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(
         30.0, gt=0, description="and its body within this; past either, 408 and close"
     )
+    # uvicorn's default is 5 s. A client that reuses a connection in the instant the server
+    # closes it for idleness has its request reset, unanswered (16-36 resets in a 30 s flood,
+    # every one on a connection reused after 4.5-5.5 s idle): the server's idle timeout must
+    # be longer than its clients' and proxies' (nginx's default is 75 s; AWS ALB idles 60 s).
+    keep_alive_s: float = Field(
+        75.0,
+        gt=0,
+        description="an idle kept-alive connection is closed after this; keep it above the idle "
+        "timeout of the clients and proxies in front (docs/deploy.md)",
+    )
     max_text_chars: int = Field(100_000, ge=16, description="longest text accepted at all")
     drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: time to finish admitted work")
     api_key: SecretStr | None = Field(None, description="one bearer token (see api_keys)")

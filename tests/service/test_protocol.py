@@ -261,3 +261,36 @@ async def _ask(fn):
 
 async def _call(fn) -> None:
     fn()
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["answered", "refused"])
+def test_an_idle_connection_is_closed_after_keep_alive_s_and_not_before(bundle_dir, refused):
+    """The server's idle timeout is a setting (uvicorn's fixed 5 s raced clients that reused a
+    connection as it closed: the request was reset unanswered). A connection stays usable
+    inside it, after an answer from the app and after a refusal by the protocol alike, and is
+    closed once it has been idle that long."""
+    keep_alive = 0.6
+    limits = {"max_in_flight": 1} if refused else {}
+    gate = threading.Event()
+    with live_server(bundles=bundle_dir, keep_alive_s=keep_alive, **limits) as live:
+        if refused:  # one request held in flight: every other gets the protocol's 503
+            wrap(live, "sentiment", gate=gate)
+            held = threading.Thread(
+                target=lambda: httpx.post(f"{live.url}/classify", json={"inputs": "x"}, timeout=30)
+            )
+            held.start()
+            asyncio.run(until(lambda: live.state.in_flight == 1))
+        expected = 503 if refused else 200
+        with connect(live) as sock:
+            for _ in range(2):  # reused within the timeout: still open, still answered
+                sock.sendall(post("/classify"))
+                assert read_response(sock)[0] == expected
+                time.sleep(keep_alive / 2)
+            sock.sendall(post("/classify"))
+            assert read_response(sock)[0] == expected
+            idle_from = time.monotonic()
+            assert closed_by_server(sock)
+            assert keep_alive * 0.8 <= time.monotonic() - idle_from <= keep_alive + 2
+        if refused:
+            gate.set()
+            held.join()
