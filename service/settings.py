@@ -49,8 +49,13 @@ class Settings(BaseSettings):
     intra_op_threads: int = Field(
         0, ge=0, description="ONNX Runtime threads a process; 0: its share of the cores"
     )
+    # What bounds an admitted request's time under overload: an event loop busy refusing a
+    # flood completes about 500 requests a second, so at 256 in flight (the old default) the
+    # served took 0.45-0.49 s at the median and 1-2.3% of answers came after 1 s; at 64,
+    # 0.11-0.13 s and 0.07-0.36%, with as many served (docs/performance.md, session 12). The
+    # benches saturate the students with 16 connections a process, well inside it.
     max_in_flight: int = Field(
-        256,
+        64,
         ge=1,
         description="requests a process handles at once; past it 503 with Retry-After at once",
     )
