@@ -53,8 +53,9 @@ def guarded_protocol(
     header_timeout: float,
     gate: Gate | None = None,
     refused: Refused | None = None,
+    refusal_delay: float = 0.0,
 ) -> type[HttpToolsProtocol]:
-    """The protocol class for one server, with its own timeout and gate."""
+    """The protocol class for one server, with its own timeout, gate and refusal delay."""
     return type(
         "GuardedProtocol",
         (GuardedProtocol,),
@@ -62,6 +63,7 @@ def guarded_protocol(
             "header_timeout": header_timeout,
             "gate": staticmethod(gate) if gate else None,
             "refused": staticmethod(refused) if refused else None,
+            "refusal_delay": refusal_delay,
         },
     )
 
@@ -70,12 +72,15 @@ class GuardedProtocol(HttpToolsProtocol):
     header_timeout = 10.0
     gate: Gate | None = None
     refused: Refused | None = None
+    refusal_delay = 0.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_timer: asyncio.TimerHandle | None = None
         self._refusal: ServiceError | None = None
         self._refusal_path = ""
+        self._held: bytes | None = None  # an overload refusal waiting out refusal_delay
+        self._held_timer: asyncio.TimerHandle | None = None
 
     # --- the header timeout: armed from a request's first byte to its last header -------------
 
@@ -84,12 +89,16 @@ class GuardedProtocol(HttpToolsProtocol):
         self._arm()
 
     def on_message_begin(self) -> None:
+        self._release(idle_after=False)  # pipelined behind a held refusal: that goes first
         super().on_message_begin()
         if self._header_timer is None:
             self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer, self._held = None, None
         # uvicorn disarms the keep-alive timer only on a clean close; after a reset it fired on
         # the closed socket (1,656 logged errors in one `make reliability` run).
         if self.timeout_keep_alive_task is not None:
@@ -135,6 +144,7 @@ class GuardedProtocol(HttpToolsProtocol):
             super().timeout_keep_alive_handler()
 
     def shutdown(self) -> None:
+        self._release(idle_after=False)  # draining: a held refusal is answered before the close
         if (self.cycle is None or self.cycle.response_complete) and self._request_waiting():
             return  # it is read next; draining, the gate answers it 503 and closes
         super().shutdown()
@@ -169,11 +179,28 @@ class GuardedProtocol(HttpToolsProtocol):
         request_id = dict(self.headers).get(b"x-request-id")
         if request_id is not None and not SAFE_ID.fullmatch(request_id.decode("latin-1")):
             request_id = None
-        closing = refusal.headers.get("Connection") == "close"
-        self.transport.write(encode(refusal, request_id))
-        if closing or not self.parser.should_keep_alive():
+        response = encode(refusal, request_id)
+        if refusal.headers.get("Connection") == "close" or not self.parser.should_keep_alive():
+            self.transport.write(response)
             self.transport.close()
-        else:  # as uvicorn does after a response: an idle kept-alive connection ends in time
+        elif self.refusal_delay > 0:
+            self._held = response
+            self._held_timer = self.loop.call_later(self.refusal_delay, self._release)
+        else:
+            self._held = response
+            self._release()
+
+    def _release(self, idle_after: bool = True) -> None:
+        """Answer the held refusal now. If the connection is idle after it, it ends in time, as
+        uvicorn arms it after a response."""
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
+        response, self._held = self._held, None
+        if response is None or self.transport.is_closing():
+            return
+        self.transport.write(response)
+        if idle_after:
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.timeout_keep_alive, self.timeout_keep_alive_handler
             )

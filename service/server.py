@@ -245,7 +245,10 @@ def uvicorn_config(app, settings: Settings) -> uvicorn.Config:
         host=settings.host,
         port=settings.port,
         http=guarded_protocol(
-            settings.header_timeout_s, state.refusal, functools.partial(count_refusal, state)
+            settings.header_timeout_s,
+            state.refusal,
+            functools.partial(count_refusal, state),
+            settings.refusal_delay_ms / 1000,
         ),
         loop="auto",
         access_log=False,

@@ -59,6 +59,15 @@ class Settings(BaseSettings):
         ge=1,
         description="requests a process handles at once; past it 503 with Retry-After at once",
     )
+    # A client that retries a refusal at once, ignoring Retry-After, turns refusals into most of
+    # the server's work: on 2 cores the CPU they take slows the model, its measured rate falls,
+    # and more is refused (a retry storm; /qa at 32 such clients answered 15-19 req/s).
+    refusal_delay_ms: float = Field(
+        50.0,
+        ge=0,
+        description="overload refusals (429, and 503 past max_in_flight) are answered after this "
+        "delay, so clients that retry at once cannot make refusing most of the work; 0: at once",
+    )
     max_connections: int = Field(
         2048,
         ge=1,

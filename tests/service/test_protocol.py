@@ -5,11 +5,13 @@ connection cap, and draining."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -54,6 +56,24 @@ def closed_by_server(sock: socket.socket) -> bool:
         return True
 
 
+@contextlib.contextmanager
+def one_request_held(live) -> Iterator[None]:
+    """One /classify request held in the model until the block ends: with max_in_flight=1,
+    every other API request meets the in-flight cap."""
+    gate = threading.Event()
+    wrap(live, "sentiment", gate=gate)
+    held = threading.Thread(
+        target=lambda: httpx.post(f"{live.url}/classify", json={"inputs": "x"}, timeout=30)
+    )
+    held.start()
+    asyncio.run(until(lambda: live.state.in_flight == 1))
+    try:
+        yield
+    finally:
+        gate.set()
+        held.join(30)
+
+
 def connect(live) -> socket.socket:
     host, port = live.url.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)), timeout=10)
@@ -64,27 +84,19 @@ def test_a_refusal_never_reaches_the_app_and_keeps_the_connection(bundle_dir, ca
     """At the in-flight cap a request is answered 503 by the protocol: Retry-After, the
     client's request id, no access-log line (no task ran), counted in the metrics; the
     connection stays open and serves the next request once there is room."""
-    gate = threading.Event()
     with live_server(bundles=bundle_dir, max_in_flight=1) as live:
-        wrap(live, "sentiment", gate=gate)
-        held = threading.Thread(
-            target=lambda: httpx.post(f"{live.url}/classify", json={"inputs": "x"}, timeout=30)
-        )
-        held.start()
-        asyncio.run(until(lambda: live.state.in_flight == 1))
         caplog.set_level(logging.INFO, logger="service.access")
         with connect(live) as sock:
-            sock.sendall(post("/classify", x_request_id="refused-1"))
-            status, headers, body = read_response(sock)
-            assert status == 503
-            assert headers["retry-after"] == "1" and headers["x-request-id"] == "refused-1"
-            assert "connection" not in headers  # overload: retry here, on this connection
-            assert json.loads(body) == {
-                "error": "1 requests in flight (the limit); retry shortly",
-                "error_type": "unavailable",
-            }
-            gate.set()
-            held.join(30)
+            with one_request_held(live):
+                sock.sendall(post("/classify", x_request_id="refused-1"))
+                status, headers, body = read_response(sock)
+                assert status == 503
+                assert headers["retry-after"] == "1" and headers["x-request-id"] == "refused-1"
+                assert "connection" not in headers  # overload: retry here, on this connection
+                assert json.loads(body) == {
+                    "error": "1 requests in flight (the limit); retry shortly",
+                    "error_type": "unavailable",
+                }
             asyncio.run(until(lambda: live.state.in_flight == 0))
             sock.sendall(post("/classify", x_request_id="admitted-1"))
             status, headers, body = read_response(sock)
@@ -271,15 +283,10 @@ def test_an_idle_connection_is_closed_after_keep_alive_s_and_not_before(bundle_d
     closed once it has been idle that long."""
     keep_alive = 0.6
     limits = {"max_in_flight": 1} if refused else {}
-    gate = threading.Event()
-    with live_server(bundles=bundle_dir, keep_alive_s=keep_alive, **limits) as live:
-        if refused:  # one request held in flight: every other gets the protocol's 503
-            wrap(live, "sentiment", gate=gate)
-            held = threading.Thread(
-                target=lambda: httpx.post(f"{live.url}/classify", json={"inputs": "x"}, timeout=30)
-            )
-            held.start()
-            asyncio.run(until(lambda: live.state.in_flight == 1))
+    with (
+        live_server(bundles=bundle_dir, keep_alive_s=keep_alive, **limits) as live,
+        one_request_held(live) if refused else contextlib.nullcontext(),
+    ):
         expected = 503 if refused else 200
         with connect(live) as sock:
             for _ in range(2):  # reused within the timeout: still open, still answered
@@ -291,6 +298,40 @@ def test_an_idle_connection_is_closed_after_keep_alive_s_and_not_before(bundle_d
             idle_from = time.monotonic()
             assert closed_by_server(sock)
             assert keep_alive * 0.8 <= time.monotonic() - idle_from <= keep_alive + 2
-        if refused:
-            gate.set()
-            held.join()
+
+
+def test_an_overload_refusal_is_answered_after_the_refusal_delay_in_order(bundle_dir):
+    """A client that retries at once cannot make refusals most of the server's work: an
+    overload refusal waits `refusal_delay_ms` before it is written. A request pipelined behind
+    a held refusal releases it at once, so answers keep their order; a drain answers a held
+    refusal before it closes the connection."""
+    delay = 0.4
+    with (
+        live_server(bundles=bundle_dir, max_in_flight=1, refusal_delay_ms=delay * 1000) as live,
+        one_request_held(live),
+    ):
+        with connect(live) as sock:
+            sent = time.monotonic()
+            sock.sendall(post("/classify", x_request_id="r1"))
+            status, headers, _ = read_response(sock)
+            assert status == 503 and headers["x-request-id"] == "r1"
+            assert delay * 0.9 <= time.monotonic() - sent <= delay + 2
+
+            sent = time.monotonic()  # two in one write: the first released by the second
+            probe = b"GET /health/live HTTP/1.1\r\nhost: test\r\n\r\n"
+            sock.sendall(post("/classify", x_request_id="p1") + probe)
+            status, headers, _ = read_response(sock)
+            assert status == 503 and headers["x-request-id"] == "p1"
+            assert time.monotonic() - sent < delay * 0.75
+            assert read_response(sock)[0] == 200  # the probe, after it
+
+        with connect(live) as sock:  # draining: held, then answered before the close
+            sock.sendall(post("/classify", x_request_id="d1"))
+            asyncio.run(until(lambda: any(p._held for p in live.server.server_state.connections)))
+            (protocol,) = [p for p in live.server.server_state.connections if p._held]
+            sent = time.monotonic()
+            asyncio.run_coroutine_threadsafe(_call(protocol.shutdown), protocol.loop).result()
+            status, headers, _ = read_response(sock)
+            assert status == 503 and headers["x-request-id"] == "d1"
+            assert time.monotonic() - sent < delay * 0.75
+            assert closed_by_server(sock)
