@@ -68,6 +68,9 @@ def main() -> None:
     parser.add_argument("--bundles", type=Path, default=ROOT / "bundles")
     parser.add_argument("--classify-bundle", default="sst2-distilled-2x192")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "overload-stages")
+    parser.add_argument(
+        "--preconnect", type=int, default=0, help="client connections opened before the flood"
+    )
     parser.add_argument("env", nargs="*", help="NAME=VALUE for the server's environment")
     args = parser.parse_args()
     env = dict(pair.split("=", 1) for pair in args.env)
@@ -78,7 +81,7 @@ def main() -> None:
     with serve(OURS, bundles, bundles / args.classify_bundle, PORT, ready, log, env) as server:
         scrape = server.url("metrics")
         before = urllib.request.urlopen(scrape).read().decode()
-        result = overload(server, bodies, args.seconds)
+        result = overload(server, bodies, args.seconds, args.preconnect)
         after = urllib.request.urlopen(scrape).read().decode()
     ok = result["by_status"].get("200", {})
     client = {

@@ -67,7 +67,7 @@ class MemorySampler:
 # --- against a real server process ----------------------------------------------------------
 
 
-def overload(server, bodies: Path, seconds: float) -> dict:
+def overload(server, bodies: Path, seconds: float, preconnect: int = 0) -> dict:
     """5x the measured saturation, open loop, for `seconds`; then the recovery, second by second."""
     url = server.url("classify")
     closed_loop(url, bodies, 8, 2)
@@ -76,7 +76,9 @@ def overload(server, bodies: Path, seconds: float) -> dict:
     log(f"  saturation {saturation:.0f} req/s; offering {rate:.0f} req/s for {seconds:.0f} s")
     before = memory_mib(server.proc.pid)
     with MemorySampler(server.proc.pid) as mem:
-        flood = open_loop(url, bodies, rate, seconds, max_connections=2048, timeout_s=30)
+        flood = open_loop(
+            url, bodies, rate, seconds, max_connections=2048, timeout_s=30, preconnect=preconnect
+        )
     after = memory_mib(server.proc.pid)
     recovery = [closed_loop(url, bodies, 32, 1).throughput for _ in range(5)]
     log(

@@ -78,8 +78,11 @@ def write_report(r: dict, out: Path) -> None:
         "(in-flight cap `BERTSERVE_MAX_IN_FLIGHT`, connection cap `BERTSERVE_MAX_CONNECTIONS`) or "
         "429 (every model for the path is full: `BERTSERVE_MAX_QUEUE_ROWS` sequences, or more "
         "than `BERTSERVE_MAX_QUEUE_WAIT_MS` of work at the rate the model has been draining its "
-        "queue), with `Retry-After`, on a connection that stays open. One worker refuses about "
-        "30,000 requests a second this way (wrk, 64 connections, everything refused), so the "
+        "queue), with `Retry-After`, on a connection that stays open, after "
+        "`BERTSERVE_REFUSAL_DELAY_MS` (50 ms: clients that retry at once cannot make refusing "
+        "most of the work). One worker can refuse about "
+        "30,000 requests a second this way (wrk, 64 connections, everything refused, measured "
+        "without the delay), so the "
         "loop keeps up with the flood and the admitted work still runs; the queue, and the "
         "memory behind it, cannot grow with the offered load.",
         "",
@@ -92,8 +95,11 @@ def write_report(r: dict, out: Path) -> None:
         "answers came after 1 s (docs/performance.md, session 12). The queue's own bounds "
         "(`BERTSERVE_MAX_QUEUE_WAIT_MS` of work at admission, `BERTSERVE_MAX_QUEUE_TIME_MS` for "
         "a request still waiting for its turn, then 429 without running) keep the queue waits "
-        "under 1 s. The answers still later than 1 s come in bursts (by the second they were "
-        f"sent: {_late(o)}), when a loop is held up as a whole.",
+        "under 1 s. The answers still later than 1 s, by the second of the flood they were "
+        f"sent in: {_late(o)}. With the client's 2,048 connections opened before the flood "
+        "(`python -m bench.overload_stages --preconnect 2048`), two 30 s floods had none: what "
+        "is left is the storm of new connections in the flood's first second (docs/"
+        "performance.md, session 12).",
         "",
         "Socket errors: runs before session 12 had 0-40 in 60 s. The 53 that session 12's "
         "instrumented load generator classified were every one a request reset on a "

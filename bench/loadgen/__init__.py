@@ -122,6 +122,7 @@ def open_loop(
     timeout_s: float = 30,
     seed: int = 0,
     ids_out: Path | None = None,
+    preconnect: int = 0,
 ) -> LoadResult:
     """Poisson arrivals at `rate` requests/s for `seconds`, whatever the server's pace. Latency is
     measured from each request's scheduled arrival, so a slow server cannot slow the clock."""
@@ -142,6 +143,8 @@ def open_loop(
         str(timeout_s),
         "--seed",
         str(seed),
+        "--preconnect",
+        str(preconnect),
         *(["--ids-out", str(ids_out)] if ids_out else []),
     ]
     before = _children_cpu()
