@@ -3,8 +3,12 @@ transformers peer serves exactly the bundle's model."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
+import socket
+import struct
+import threading
 
 import numpy as np
 import pytest
@@ -174,3 +178,70 @@ def test_graph_ab_swaps_the_order_every_batch_and_takes_two_graphs_only(monkeypa
     monkeypatch.setattr(sys, "argv", ["graph_ab", "--data", ".", "--bundles", "a,b,c"])
     with pytest.raises(SystemExit):
         graph_ab.main()
+
+
+class _FaultyServer:
+    """A raw HTTP/1.1 server on a thread, to inject one fault: it resets (RST) a connection on
+    its `reset_on`-th request instead of answering (0: never). Counts the connections it
+    accepted."""
+
+    def __init__(self, reset_on: int) -> None:
+        self.reset_on, self.accepted = reset_on, 0
+        self.loop = asyncio.new_event_loop()
+        self.server = self.loop.run_until_complete(
+            asyncio.start_server(self._serve, "127.0.0.1", 0)
+        )
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/classify"
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        served = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                served += 1
+                if served == self.reset_on:
+                    sock = writer.get_extra_info("socket")
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    writer.transport.abort()
+                    return
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.mark.parametrize(("reset_on", "label"), [(1, ":fresh"), (2, ":reused-after-idle-under-")])
+def test_open_loop_says_whether_a_failed_connection_was_fresh_or_reused(bodies, reset_on, label):
+    """A socket error names its connection: fresh, or reused after how long idle (how the
+    overload resets were traced to the server's keep-alive timer)."""
+    fake = _FaultyServer(reset_on)
+    try:
+        result = open_loop(fake.url, bodies, rate=40, seconds=1, timeout_s=5)
+    finally:
+        fake.close()
+    kinds = result.extra["error_kinds"]
+    assert result.errors > 0 and sum(kinds.values()) == result.errors
+    assert all(k.startswith("exchange:ConnectionResetError" + label) for k in kinds), kinds
+    if reset_on == 1:  # every connection reset on its first request
+        assert result.statuses == {} and result.errors == fake.accepted
+    else:  # each answered once, then reset when reused (the last ones may not be reused)
+        assert result.statuses == {"200": fake.accepted}
+        assert result.errors <= fake.accepted
+
+
+def test_open_loop_preconnect_opens_its_connections_before_the_schedule(bodies):
+    fake = _FaultyServer(reset_on=0)
+    try:
+        result = open_loop(fake.url, bodies, rate=40, seconds=1, timeout_s=5, preconnect=6)
+    finally:
+        fake.close()
+    assert result.errors == 0 and result.requests == result.extra["sent"] > 0
+    assert fake.accepted == 6  # every request went on one of them: none was opened later
