@@ -10,14 +10,15 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: help check-python install install-serve test lint format serve clean pretrained teacher \
-	finetune soup student-init student bundle embeddings pretrained-minilm models bench reliability image-test
+	finetune soup student-init student bundle embeddings pretrained-minilm models bench reliability bench-minilm reliability-minilm image-test
 
 help:
 	@echo "make test    lint and run the test suite (creates $(VENV) on first use)"
 	@echo "make serve   serve the shipped bundles in bundles/ on port 8000"
 	@echo "make lint    ruff check + format check"
 	@echo "make bench   bertserve vs the raw ceiling and the peers -> docs/benchmarks.md (~10 min)"
-	@echo "make reliability  overload, faults, hostile input -> docs/reliability.md (~4 min)"
+	@echo "make reliability  overload, faults, hostile input -> docs/reliability.md (~2 min)"
+	@echo "make bench-minilm / reliability-minilm   the same on the MiniLM bundles -> docs/minilm/"
 
 # One line that says what is missing, instead of "python3.11: command not found".
 check-python:
@@ -83,6 +84,15 @@ bench: $(BENCH_STAMP)  ## docs/benchmarks.md + docs/img/bench-*.png
 
 reliability: $(BENCH_STAMP)  ## docs/reliability.md
 	$(BENCH_VENV)/bin/python -m bench.reliability --data $(DATA) $(BENCH_ARGS)
+
+# The same two on the larger (MiniLM) classify bundle, the shipped default: docs/minilm/.
+bench-minilm: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python -m bench.run --data $(DATA) --classify-bundle sst2-minilm \
+		--work runs/bench-minilm --report docs/minilm/benchmarks.md
+
+reliability-minilm: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python -m bench.reliability --data $(DATA) --classify-bundle sst2-minilm \
+		--ner-bundle conll-minilm --work runs/bench-minilm --report docs/minilm/reliability.md
 
 # --- reproducing the shipped weights (the data sets live outside the repo) ---------------------
 DATA ?= ../shared/data

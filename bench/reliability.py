@@ -406,7 +406,10 @@ def main() -> None:
     names = [args.classify_bundle, args.ner_bundle]
     args.bundles = only_bundles(args.bundles, names, args.work / "bundles")
     bundle = args.bundles / args.classify_bundle
-    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    results: dict = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "bundles": f"--classify-bundle {args.classify_bundle} --ner-bundle {args.ner_bundle}",
+    }
 
     log("overload and hostile bodies (real server process)")
     with serve(OURS, args.bundles, bundle, PORT, ready, args.work / "overload.log") as server:

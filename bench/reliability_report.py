@@ -34,8 +34,10 @@ def write_report(r: dict, out: Path) -> None:
         "# Reliability",
         "",
         "What the service promises under overload, faults and hostile input, and the figure each",
-        f"check produced. Measured on {r['date']} with `make reliability` (`python -m",
-        f"bench.reliability`, {r['wall_s'] / 60:.1f} min) on the machine of",
+        f"check produced. Measured on {r['date']} with `python -m bench.reliability "
+        f"{r.get('bundles', '').strip()}` ({r['wall_s'] / 60:.1f} min; `make reliability` runs "
+        "it on",
+        "the student, `make reliability-minilm` on the MiniLM bundles) on the machine of",
         "[benchmarks.md](benchmarks.md); raw figures in `runs/bench/reliability.json`. The checks",
         "that fit in CI run there too (see the last section).",
         "",

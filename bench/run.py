@@ -182,7 +182,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.run") -> No
         "command": "make bench  (python -m bench.run "
         + " ".join(
             f"--{k.replace('_', '-')} {v}"
-            for k, v in (("seconds", args.seconds), ("levels", args.levels))
+            for k, v in (
+                ("seconds", args.seconds),
+                ("levels", args.levels),
+                ("classify_bundle", args.classify_bundle),
+            )
         )
         + ")",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
