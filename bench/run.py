@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.run") -> No
     results: dict = {
         "machine": machine(),
         "versions": versions(),
-        "command": "make bench  (python -m bench.run "
+        "command": "python -m bench.run "
         + " ".join(
             f"--{k.replace('_', '-')} {v}"
             for k, v in (
@@ -187,8 +187,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.run") -> No
                 ("levels", args.levels),
                 ("classify_bundle", args.classify_bundle),
             )
-        )
-        + ")",
+        ),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "ceiling": raw,
         "classify_bundle": str(bundle.relative_to(ROOT) if bundle.is_relative_to(ROOT) else bundle),

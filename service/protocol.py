@@ -96,9 +96,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        if self._held_timer is not None:
-            self._held_timer.cancel()
-            self._held_timer, self._held = None, None
+        self._release()  # the transport is closed: this drops a held refusal and its timer
         # uvicorn disarms the keep-alive timer only on a clean close; after a reset it fired on
         # the closed socket (1,656 logged errors in one `make reliability` run).
         if self.timeout_keep_alive_task is not None:
@@ -183,11 +181,11 @@ class GuardedProtocol(HttpToolsProtocol):
         if refusal.headers.get("Connection") == "close" or not self.parser.should_keep_alive():
             self.transport.write(response)
             self.transport.close()
-        elif self.refusal_delay > 0:
-            self._held = response
+            return
+        self._held = response
+        if self.refusal_delay > 0:
             self._held_timer = self.loop.call_later(self.refusal_delay, self._release)
         else:
-            self._held = response
             self._release()
 
     def _release(self, idle_after: bool = True) -> None:
