@@ -200,4 +200,14 @@ class Settings(BaseSettings):
         return self.intra_op_threads or max(1, (os.cpu_count() or 1) // self.worker_count)
 
     def engine_options(self) -> EngineOptions:
-        return EngineOptions(self.providers, self.threads, self.intra_op_spinning, self.require_gpu)
+        return EngineOptions(
+            providers=self.providers,
+            threads=self.threads,
+            spinning=self.intra_op_spinning,
+            require_gpu=self.require_gpu,
+            device_id=self.device_id,
+            gpu_mem_limit=self.gpu_mem_limit,
+            arena_extend_strategy=self.arena_extend_strategy,
+            cudnn_conv_algo_search=self.cudnn_conv_algo_search,
+            use_tf32=self.use_tf32,
+        )

@@ -143,3 +143,29 @@ def test_gpu_pin_matches_the_cuda_image():
     )
     assert base is not None and int(base.group(1)) == cuda
     assert minor != 22, "1.22.0 segfaults loading the CUDA provider without a driver"
+
+
+def test_the_cuda_settings_reach_the_provider_options(tmp_path, monkeypatch):
+    """BERTSERVE_DEVICE_ID and the other CUDA settings are what the CUDA provider is given (they
+    were documented but dropped on the way until session 13)."""
+    from service.settings import Settings
+
+    for name, value in {
+        "DEVICE_ID": "3",
+        "GPU_MEM_LIMIT": "2000000000",
+        "ARENA_EXTEND_STRATEGY": "kSameAsRequested",
+        "CUDNN_CONV_ALGO_SEARCH": "HEURISTIC",
+        "USE_TF32": "true",
+        "INTRA_OP_THREADS": "3",
+        "INTRA_OP_SPINNING": "true",
+    }.items():
+        monkeypatch.setenv(f"BERTSERVE_{name}", value)
+    options = Settings(bundles=tmp_path).engine_options()
+    assert options.cuda_options() == {
+        "device_id": 3,
+        "gpu_mem_limit": 2000000000,
+        "arena_extend_strategy": "kSameAsRequested",
+        "cudnn_conv_algo_search": "HEURISTIC",
+        "use_tf32": 1,
+    }
+    assert (options.threads, options.spinning) == (3, True)
