@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
                 file=sys.stderr,
             )
             return 2
-    if settings.worker_count == 1:
+    if settings.worker_count == 1 and not settings.engine_process:
         from service.server import run_worker
 
         return run_worker(settings)

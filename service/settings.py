@@ -46,6 +46,17 @@ class Settings(BaseSettings):
         description="serving processes sharing the port, each with its own models and a share "
         "of the cores; 0: one per core (docs/deploy.md sizes them)",
     )
+    engine_process: bool = Field(
+        False,
+        description="one process runs every model for all workers, which keep HTTP, JSON, "
+        "tokenising and batching and send it their batches: on a GPU, one CUDA context and "
+        "the batches of all workers together (docs/architecture.md)",
+    )
+    engine_threads: int = Field(
+        0, ge=0, description="ONNX Runtime threads of the engine process; 0: one a core"
+    )
+    # Set by the supervisor for its workers when engine_process is on: the engine's socket.
+    engine_address: str = ""
     intra_op_threads: int = Field(
         0, ge=0, description="ONNX Runtime threads a process; 0: its share of the cores"
     )
@@ -199,10 +210,12 @@ class Settings(BaseSettings):
     def threads(self) -> int:
         return self.intra_op_threads or max(1, (os.cpu_count() or 1) // self.worker_count)
 
-    def engine_options(self) -> EngineOptions:
+    def engine_options(self, device: bool = False) -> EngineOptions:
+        """ONNX Runtime options of a worker's sessions, or (`device`) of the engine process's."""
+        threads = (self.engine_threads or os.cpu_count() or 1) if device else self.threads
         return EngineOptions(
             providers=self.providers,
-            threads=self.threads,
+            threads=threads,
             spinning=self.intra_op_spinning,
             require_gpu=self.require_gpu,
             device_id=self.device_id,

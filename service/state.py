@@ -20,6 +20,7 @@ from service.bundle import (
     check_model_file,
     load_bundle_spec,
 )
+from service.device import RemoteBackend
 from service.engine import Engine
 from service.errors import NotFound, NotReady, Overloaded, ServiceError
 from service.metrics import Metrics
@@ -46,12 +47,28 @@ def check_serves(directory: Path, spec: BundleSpec) -> None:
             raise BundleError(f"{directory / BUNDLE_FILE}: {task} needs the outputs {missing}")
 
 
+def warmup_feeds(spec: BundleSpec, settings: Settings) -> list[dict[str, np.ndarray]]:
+    """Representative shapes: one short row, a full batch, the longest sequences."""
+    shapes = []
+    for rows, length in ((1, 16), (settings.max_batch_rows, 32), (2, spec.max_seq_len)):
+        rows = max(1, min(rows, settings.max_batch_tokens // length))
+        feeds = {
+            "input_ids": np.full((rows, length), spec.tokenizer.unk_id, np.int64),
+            "attention_mask": np.ones((rows, length), np.int64),
+            "token_type_ids": np.zeros((rows, length), np.int64),
+        }
+        if "mask_positions" in spec.inputs:
+            feeds["mask_positions"] = np.ones((rows, 1), np.int64)
+        shapes.append(feeds)
+    return shapes
+
+
 @dataclass
 class Model:
     name: str
     spec: BundleSpec
     ctx: TaskContext
-    engine: Engine
+    engine: Engine | RemoteBackend
     batcher: Batcher
 
 
@@ -191,7 +208,11 @@ class ServiceState:
                 raise BundleError(
                     f"{directory / BUNDLE_FILE}: name {spec.name!r} is taken by another bundle"
                 )
-            engine = Engine(directory, spec, self.settings.engine_options())
+            engine: Engine | RemoteBackend
+            if self.settings.engine_address:  # the engine process runs it (service.device)
+                engine = RemoteBackend(self.settings.engine_address, spec)
+            else:
+                engine = Engine(directory, spec, self.settings.engine_options())
             max_rows = min(self.settings.max_request_rows, self.settings.max_queue_rows)
             ctx = TaskContext.load(directory, spec, self.settings.max_text_chars, max_rows)
             batcher = Batcher(
@@ -229,16 +250,7 @@ class ServiceState:
         and picks kernels on first use of a shape."""
         for model in self.models.values():
             started = time.monotonic()
-            longest = model.spec.max_seq_len
-            for rows, length in ((1, 16), (self.settings.max_batch_rows, 32), (2, longest)):
-                rows = max(1, min(rows, self.settings.max_batch_tokens // length))
-                feeds = {
-                    "input_ids": np.full((rows, length), model.spec.tokenizer.unk_id, np.int64),
-                    "attention_mask": np.ones((rows, length), np.int64),
-                    "token_type_ids": np.zeros((rows, length), np.int64),
-                }
-                if "mask_positions" in model.spec.inputs:
-                    feeds["mask_positions"] = np.ones((rows, 1), np.int64)
+            for feeds in warmup_feeds(model.spec, self.settings):
                 model.engine.run(feeds)
             log.info("warmed %s in %.2f s", model.name, time.monotonic() - started)
 

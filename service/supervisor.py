@@ -11,10 +11,16 @@ each with its own ONNX Runtime sessions and a share of the cores. It:
 - replaces a worker that dies (and forgets its live gauges);
 - on SIGTERM, passes the signal on, lets go of the port (the workers answer its accept queue
   and close it as they finish) and waits for every worker to drain.
+
+With `engine_process` (the GPU topology) it first starts one engine process that runs every
+model for all workers (service.device), gives the workers its socket, counts its readiness as
+one more slot (no worker is ready while it is not), replaces it if it dies, and stops it after
+the workers have drained.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -33,6 +39,12 @@ log = logging.getLogger("service.supervisor")
 SPAWN = multiprocessing.get_context("spawn")  # no fork: the parent holds no models or threads
 
 
+def engine_process_main(values: dict[str, Any], address: str, ready: Any) -> None:
+    from service.device import engine_main
+
+    engine_main(values, address, ready)
+
+
 def worker_main(values: dict[str, Any], sock: socket.socket, slot: int, ready_flags: Any) -> None:
     from service.server import run_worker
 
@@ -44,7 +56,12 @@ class Supervisor:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.count = settings.worker_count
-        self.ready = SPAWN.Array("b", self.count, lock=False)
+        # One readiness byte a worker, and one for the engine process if there is one.
+        self.ready = SPAWN.Array("b", self.count + settings.engine_process, lock=False)
+        self.engine: Any = None
+        self.engine_ready: Any = None
+        self.engine_served = False
+        self.engine_address = ""
         self.workers: list[Any] = [None] * self.count
         self.served = [False] * self.count  # has this slot's current process ever been ready?
         self.stopping = False
@@ -61,14 +78,57 @@ class Supervisor:
         sock.set_inheritable(True)
         return sock
 
-    def start(self, slot: int, sock: socket.socket) -> None:
-        self.ready[slot] = 0
-        self.served[slot] = False
+    def values(self) -> dict[str, Any]:
+        """The settings, as a spawned process rebuilds them."""
         values = self.settings.model_dump(exclude_unset=False)
         values = {
             k: (v.get_secret_value() if hasattr(v, "get_secret_value") else v)
             for k, v in values.items()
         }
+        values["engine_address"] = self.engine_address
+        return values
+
+    def start_engine(self, directory: str) -> None:
+        self.ready[self.count] = 0
+        self.engine_served = False
+        self.engine_address = os.path.join(directory, "engine.sock")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.engine_address)  # a dead engine's
+        self.engine_ready = SPAWN.Event()
+        self.engine = SPAWN.Process(
+            target=engine_process_main,
+            args=(self.values(), self.engine_address, self.engine_ready),
+            name="bertserve-engine",
+        )
+        self.engine.start()
+        log.info("engine process started (pid %d)", self.engine.pid)
+
+    def watch_engine(self, directory: str) -> bool:
+        """Readiness of the engine process into its slot; a dead one is replaced (one that died
+        before it was ever ready stops the service). False: stop."""
+        if self.engine_ready.is_set():
+            self.engine_served = True
+            self.ready[self.count] = 1
+        if self.engine.is_alive():
+            return True
+        self.ready[self.count] = 0
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(self.engine.pid)
+        if not self.engine_served:
+            log.error(
+                "the engine process exited with %s before it was ready: stopping",
+                self.engine.exitcode,
+            )
+            return False
+        log.error("the engine process died with %s: replacing it", self.engine.exitcode)
+        self.start_engine(directory)
+        return True
+
+    def start(self, slot: int, sock: socket.socket) -> None:
+        self.ready[slot] = 0
+        self.served[slot] = False
+        values = self.values()
         values["port"] = sock.getsockname()[1]
         process = SPAWN.Process(
             target=worker_main, args=(values, sock, slot, self.ready), name=f"bertserve-{slot}"
@@ -85,14 +145,32 @@ class Supervisor:
         sock = self.sock = self.bind()
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, self.on_signal)
-        log.info(
-            "serving on %s:%d with %d workers, %d ONNX Runtime threads each",
-            self.settings.host,
-            sock.getsockname()[1],
-            self.count,
-            self.settings.threads,
-        )
+        if self.settings.engine_process:
+            log.info(
+                "serving on %s:%d with %d workers and one engine process (%d threads)",
+                self.settings.host,
+                sock.getsockname()[1],
+                self.count,
+                self.settings.engine_options(device=True).threads,
+            )
+        else:
+            log.info(
+                "serving on %s:%d with %d workers, %d ONNX Runtime threads each",
+                self.settings.host,
+                sock.getsockname()[1],
+                self.count,
+                self.settings.threads,
+            )
+        engine_dir = tempfile.mkdtemp(prefix="bertserve-engine-")  # mode 0700: this user's
         try:
+            if self.settings.engine_process:
+                self.start_engine(engine_dir)
+                while not self.engine_ready.is_set():  # the workers connect to it as they load
+                    if self.stopping or not self.watch_engine(engine_dir):
+                        self.stop_engine()
+                        return 0 if self.stopping else 1
+                    time.sleep(0.05)
+                self.watch_engine(engine_dir)
             for slot in range(self.count):
                 self.start(slot, sock)
             while not self.stopping:
@@ -100,12 +178,28 @@ class Supervisor:
                     self.served[slot] |= bool(self.ready[slot])
                     if not self.stopping and process is not None and not process.is_alive():
                         self.replace(slot, process, sock)
+                engine_lost = self.engine is not None and not self.watch_engine(engine_dir)
+                if engine_lost and not self.stopping:
+                    self.failed = True
+                    self.on_signal(signal.SIGTERM, None)
                 time.sleep(0.2)
             status = self.drain()
+            self.stop_engine()
             return 1 if self.failed else status
         finally:
             sock.close()
             shutil.rmtree(metrics_dir, ignore_errors=True)
+            shutil.rmtree(engine_dir, ignore_errors=True)
+
+    def stop_engine(self) -> None:
+        """After the workers: SIGTERM, then the engine waits for their connections to close."""
+        if self.engine is None or not self.engine.is_alive():
+            return
+        os.kill(self.engine.pid, signal.SIGTERM)
+        self.engine.join(self.settings.drain_timeout_s + 10)
+        if self.engine.is_alive():
+            self.engine.kill()
+        log.info("engine process exited with %s", self.engine.exitcode)
 
     def replace(self, slot: int, process: Any, sock: socket.socket) -> None:
         from prometheus_client import multiprocess
@@ -128,7 +222,7 @@ class Supervisor:
 
     def on_signal(self, sig: int, frame: FrameType | None) -> None:
         if self.stopping:  # a second signal: stop now
-            for process in self.workers:
+            for process in [*self.workers, self.engine]:
                 if process is not None and process.is_alive():
                     process.kill()
             return

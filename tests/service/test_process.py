@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -122,7 +123,10 @@ def worker_pids(supervisor_pid: int) -> list[int]:
     ).stdout.split()
     pids = []
     for pid in map(int, children):
-        cmdline = open(f"/proc/{pid}/cmdline", "rb").read()  # noqa: SIM115
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except FileNotFoundError:  # exited meanwhile
+            continue
         if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
             pids.append(pid)
     return sorted(pids)

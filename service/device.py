@@ -1,0 +1,341 @@
+"""One engine process for every serving worker (`BERTSERVE_ENGINE_PROCESS`): the GPU topology
+(docs/architecture.md).
+
+The front-end workers keep HTTP, JSON, tokenising and batching; instead of their own ONNX
+Runtime sessions they hold a `RemoteBackend` a model, which sends each padded batch to this
+process over a Unix socket and waits for the outputs. Here one `ModelRunner` a model takes what
+every worker has sent meanwhile, pads it into one call (`merge_feeds`), runs it on the one
+session (one CUDA context holds the weights; the device sees the batches of all workers
+together) and hands each worker its share (`split_outputs`). This is the split of vLLM's API
+servers from its engine core and of TEI's router from its backend, with the batcher's `Backend`
+protocol as the seam: a batcher cannot tell a remote engine from a local one.
+
+The socket lives in a directory only this user can open (`tempfile.mkdtemp`: mode 0700); the
+arrays travel pickled (a batch of 32 x 128 int64 ids is 32 kB).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Connection, Listener
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from service.bundle import BUNDLE_FILE, BundleSpec, check_model_file, load_bundle_spec
+from service.engine import Engine
+from service.errors import BackendError
+
+log = logging.getLogger("service.device")
+CONNECT_WAIT_S = 30.0  # a worker waits this long for a (re)starting engine before failing a batch
+
+
+@dataclass(frozen=True)
+class Span:
+    """One worker's batch inside a merged call: its rows, and the widths it was padded to."""
+
+    start: int
+    rows: int
+    width: int
+    mask_width: int
+
+
+def merge_feeds(
+    parts: list[dict[str, np.ndarray]], pad_id: int
+) -> tuple[dict[str, np.ndarray], list[Span]]:
+    """Stack several padded batches into one call: each input right-padded to the widest
+    (input_ids with `pad_id`, the attention mask with 0, so the extra positions change no row's
+    answer), the rows one after another."""
+    spans, start = [], 0
+    for part in parts:
+        rows, width = part["input_ids"].shape
+        mask = part.get("mask_positions")
+        spans.append(Span(start, rows, width, 0 if mask is None else mask.shape[1]))
+        start += rows
+    if len(parts) == 1:
+        return parts[0], spans
+    merged = {}
+    for name in parts[0]:
+        width = max(p[name].shape[1] for p in parts)
+        out = np.full((start, width), pad_id if name == "input_ids" else 0, dtype=np.int64)
+        for span, part in zip(spans, parts, strict=True):
+            value = part[name]
+            out[span.start : span.start + span.rows, : value.shape[1]] = value
+        merged[name] = out
+    return merged, spans
+
+
+def split_outputs(
+    outputs: dict[str, np.ndarray], spans: list[Span], axes: Mapping[str, str]
+) -> list[dict[str, np.ndarray]]:
+    """Each merged batch's outputs, cut back to the widths it was sent with (the output's
+    declared axes: "token" outputs to its width, "mask" outputs to its mask positions)."""
+    if len(spans) == 1:
+        return [outputs]
+    shares = []
+    for span in spans:
+        rows = slice(span.start, span.start + span.rows)
+        share = {}
+        for name, value in outputs.items():
+            kind = axes.get(name, "sequence")
+            if kind == "token":
+                share[name] = value[rows, : span.width]
+            elif kind == "mask":
+                share[name] = value[rows, : span.mask_width]
+            else:
+                share[name] = value[rows]
+        shares.append(share)
+    return shares
+
+
+@dataclass
+class _Job:
+    conn: Connection
+    feeds: dict[str, np.ndarray]
+
+    @property
+    def tokens(self) -> int:
+        return int(self.feeds["input_ids"].size)
+
+    @property
+    def rows(self) -> int:
+        return int(self.feeds["input_ids"].shape[0])
+
+
+class ModelRunner:
+    """One model's session and the thread that merges the workers' batches into its calls."""
+
+    def __init__(
+        self, engine: Any, spec: BundleSpec, max_rows: int, max_tokens: int, observe: Any = None
+    ) -> None:
+        self.engine, self.spec = engine, spec
+        self.max_rows, self.max_tokens = max_rows, max_tokens
+        self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.observe = observe  # (parts, rows) of each call, for the metrics
+        self._held: _Job | None = None  # taken from the queue but past the last call's limits
+        self._thread = threading.Thread(target=self._loop, name=f"engine-{spec.name}", daemon=True)
+        self._thread.start()
+
+    def _take(self) -> list[_Job]:
+        """The oldest job, and every job queued behind it that fits in the same call."""
+        first = self._held or self.jobs.get()
+        self._held = None
+        jobs, rows = [first], first.rows
+        widest = first.feeds["input_ids"].shape[1]
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                return jobs
+            widest = max(widest, job.feeds["input_ids"].shape[1])
+            if rows + job.rows > self.max_rows or (rows + job.rows) * widest > self.max_tokens:
+                self._held = job
+                return jobs
+            jobs.append(job)
+            rows += job.rows
+
+    def _loop(self) -> None:
+        while True:
+            jobs = self._take()
+            merged, spans = merge_feeds([j.feeds for j in jobs], self.spec.tokenizer.pad_id)
+            try:
+                outputs = self.engine.run(merged)
+            except Exception as exc:  # the call fails its batches, not the process
+                log.exception(
+                    "model %s failed a merged call of %d batches", self.spec.name, len(jobs)
+                )
+                reply: list[tuple[str, Any]] = [("error", type(exc).__name__)] * len(jobs)
+            else:
+                shares = split_outputs(outputs, spans, self.spec.output_axes)
+                reply = [("ok", share) for share in shares]
+            if self.observe is not None:
+                self.observe(len(jobs), int(merged["input_ids"].shape[0]))
+            for job, answer in zip(jobs, reply, strict=True):
+                with contextlib.suppress(OSError):  # that worker is gone; its batch with it
+                    job.conn.send(answer)
+
+
+class EngineServer:
+    """The engine process: every bundle's session, and a thread a worker connection."""
+
+    def __init__(self, settings: Any) -> None:
+        from prometheus_client import Histogram
+
+        from service.state import warmup_feeds  # (service.state imports this module)
+
+        self.runners: dict[str, ModelRunner] = {}
+        self.connections = 0
+        self._lock = threading.Lock()
+        options = settings.engine_options(device=True)
+        # A merged call may hold every worker's largest batch.
+        max_rows = settings.max_batch_rows * settings.worker_count
+        max_tokens = settings.max_batch_tokens * settings.worker_count
+        parts = Histogram(
+            "bertserve_engine_merged_batches",
+            "Workers' batches merged into one call of the engine process",
+            ["model"],
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32),
+        )
+        rows = Histogram(
+            "bertserve_engine_batch_rows",
+            "Sequences in one call of the engine process",
+            ["model"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+        )
+        for path in sorted(Path(settings.bundles).glob(f"*/{BUNDLE_FILE}")):
+            directory = path.parent
+            spec = load_bundle_spec(directory)
+            check_model_file(directory, spec)
+            engine = Engine(directory, spec, options)
+            if settings.warmup:  # before the supervisor hears "ready", also after a restart
+                for feeds in warmup_feeds(spec, settings):
+                    engine.run(feeds)
+
+            def observe(n: int, r: int, name: str = spec.name) -> None:
+                parts.labels(name).observe(n)
+                rows.labels(name).observe(r)
+
+            self.runners[spec.name] = ModelRunner(engine, spec, max_rows, max_tokens, observe)
+            log.info(
+                "engine process loaded %s on %s (%d threads)",
+                spec.name,
+                engine.provider,
+                options.threads,
+            )
+
+    def serve(self, listener: Listener) -> None:
+        while True:
+            conn = listener.accept()
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: Connection) -> None:
+        with self._lock:
+            self.connections += 1
+        try:
+            runner = self._hello(conn)
+            if runner is None:
+                return
+            while True:
+                runner.jobs.put(_Job(conn, conn.recv()))
+        except (EOFError, OSError):  # the worker closed its end (it exited, or reconnects)
+            pass
+        finally:
+            conn.close()
+            with self._lock:
+                self.connections -= 1
+
+    def _hello(self, conn: Connection) -> ModelRunner | None:
+        """A worker names the model and the sha256 of the graph it loaded from its bundle; the
+        engine answers with its provider, or says why it cannot serve that model."""
+        name, sha256 = conn.recv()
+        runner = self.runners.get(name)
+        if runner is None:
+            conn.send(("error", f"the engine process has no model {name!r}"))
+            return None
+        if runner.spec.model_sha256 != sha256:
+            conn.send(("error", f"{name}: the engine process loaded another model.onnx"))
+            return None
+        conn.send(
+            ("ok", {"provider": runner.engine.provider, "requested": runner.engine.requested})
+        )
+        return runner
+
+
+def engine_main(values: dict[str, Any], address: str, ready: Any) -> None:
+    """The engine process: load every bundle, listen on `address`, set `ready`, and serve the
+    workers until SIGTERM, then until the last of them has closed its connection."""
+    from service.server import configure_logging
+    from service.settings import Settings
+
+    settings = Settings(**values)
+    configure_logging(settings.log_level)
+    stopping = threading.Event()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which drains
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    server = EngineServer(settings)
+    listener = Listener(address, family="AF_UNIX", backlog=256)
+    threading.Thread(target=server.serve, args=(listener,), daemon=True).start()
+    ready.set()
+    log.info("engine process ready on %s", address)
+    stopping.wait()
+    # The supervisor stops the engine after the workers have drained; a worker still connected
+    # gets until its drain would have ended.
+    deadline = time.monotonic() + settings.drain_timeout_s
+    while server.connections and time.monotonic() < deadline:
+        time.sleep(0.05)
+    listener.close()
+    log.info("engine process stopped")
+
+
+class RemoteBackend:
+    """A worker's handle on one model of the engine process: the batcher's `Backend`. One call at
+    a time (the batcher's thread, or the warm-up's before it), over one connection; a lost
+    connection is reopened on the next call, waiting up to CONNECT_WAIT_S for a restarting
+    engine."""
+
+    def __init__(self, address: str, spec: BundleSpec) -> None:
+        self.address, self.spec = address, spec
+        self._conn: Connection | None = None
+        self._lock = threading.Lock()
+        self.provider = self.requested = "unknown"
+        with self._lock:
+            self._connect()
+
+    def _connect(self) -> Connection:
+        """Connect and greet, retrying while the engine is not listening or hangs up (it is
+        starting, or dying: a killed engine's queue may still take a connection)."""
+        deadline = time.monotonic() + CONNECT_WAIT_S
+        while True:
+            try:
+                conn = Client(self.address, family="AF_UNIX")
+                try:
+                    conn.send((self.spec.name, self.spec.model_sha256))
+                    status, payload = conn.recv()
+                except BaseException:
+                    conn.close()
+                    raise
+                break
+            except (EOFError, OSError) as exc:
+                if time.monotonic() > deadline:
+                    raise BackendError(f"the engine process at {self.address}: {exc!r}") from exc
+                time.sleep(0.05)
+        if status != "ok":
+            conn.close()
+            raise BackendError(str(payload))
+        self.provider, self.requested = payload["provider"], payload["requested"]
+        self._conn = conn
+        return conn
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self._lock:
+            for attempt in (1, 2):
+                conn = self._conn or self._connect()
+                try:
+                    conn.send(feeds)
+                    status, payload = conn.recv()
+                    break
+                except (EOFError, OSError) as exc:
+                    # The engine process went away (it is restarted by the supervisor). A model
+                    # call changes nothing, so it is safe to send again, once, to the new one.
+                    conn.close()
+                    self._conn = None
+                    if attempt == 2:
+                        raise BackendError(f"the engine process went away twice: {exc}") from exc
+                    log.warning("the engine process went away during a call (%s): resending", exc)
+        if status != "ok":
+            raise BackendError(f"the engine process failed the call: {payload}")
+        return payload
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None

@@ -1,0 +1,230 @@
+"""The engine process (service.device): the workers' batches merged into one call with the same
+answers, a runner that takes what queued behind a busy call, the handshake, and the topology as
+a real process: parity with the default one, a killed engine replaced, SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from multiprocessing import Pipe
+from multiprocessing.connection import Listener
+
+import httpx
+import numpy as np
+import pytest
+
+from service.batching import Row, pad_rows
+from service.bundle import load_bundle_spec
+from service.device import EngineServer, ModelRunner, RemoteBackend, merge_feeds, split_outputs
+from service.engine import Engine, EngineOptions
+from service.errors import BackendError
+from service.settings import Settings
+from tests.helpers.server import free_port
+from tests.service.test_process import start, wait_ready
+
+
+def rows(spec, lengths, seed):
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in lengths:
+        ids = rng.integers(5, spec.architecture.vocab_size, n)
+        ids[0], ids[-1] = spec.tokenizer.cls_id, spec.tokenizer.sep_id
+        positions = np.array([1, n - 2]) if "mask_positions" in spec.inputs else None
+        out.append(Row(ids.astype(np.int64), np.zeros(n, np.int64), mask_positions=positions))
+    return out
+
+
+@pytest.mark.parametrize("bundle", ["pretrained", "sentiment", "entities", "squad"])
+def test_merged_batches_answer_as_the_batches_alone(bundle_dir, bundle):
+    """Batches of different widths (and mask positions) padded into one call, then cut back:
+    every output of every row is what that batch alone gets."""
+    spec = load_bundle_spec(bundle_dir / bundle)
+    engine = Engine(bundle_dir / bundle, spec, EngineOptions(threads=1))
+    positions = "mask_positions" in spec.inputs
+    parts = [
+        pad_rows(rows(spec, [5, 9], 1), spec.tokenizer.pad_id, positions)[0],
+        pad_rows(rows(spec, [17], 2), spec.tokenizer.pad_id, positions)[0],
+        pad_rows(rows(spec, [3, 4, 6], 3), spec.tokenizer.pad_id, positions)[0],
+    ]
+    merged, spans = merge_feeds(parts, spec.tokenizer.pad_id)
+    assert merged["input_ids"].shape == (6, 17)
+    shares = split_outputs(engine.run(merged), spans, spec.output_axes)
+    for part, share in zip(parts, shares, strict=True):
+        alone = engine.run(part)
+        assert share.keys() == alone.keys()
+        for name, value in alone.items():
+            assert share[name].shape == value.shape, name
+            np.testing.assert_allclose(share[name], value, atol=1e-4, err_msg=name)
+
+
+class Gated:
+    """A real engine whose first call waits for a gate (a device busy with a long call), and
+    which can be told to fail: fault injection, the arithmetic is ORT's."""
+
+    def __init__(self, engine):
+        self.engine, self.calls, self.fail = engine, [], False
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def run(self, feeds):
+        self.calls.append(feeds["input_ids"].shape)
+        self.entered.set()
+        self.gate.wait(10)
+        if self.fail:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return self.engine.run(feeds)
+
+
+def test_the_runner_merges_what_queued_behind_a_busy_call_up_to_its_limits(bundle_dir):
+    spec = load_bundle_spec(bundle_dir / "sentiment")
+    gated = Gated(Engine(bundle_dir / "sentiment", spec, EngineOptions(threads=1)))
+    runner = ModelRunner(gated, spec, max_rows=5, max_tokens=1000)
+    pipes = [Pipe() for _ in range(4)]
+    batches = [
+        pad_rows(rows(spec, lengths, i), spec.tokenizer.pad_id, False)[0]
+        for i, lengths in enumerate([[4], [6, 7], [8], [5, 5, 5]])
+    ]
+    from service.device import _Job
+
+    runner.jobs.put(_Job(pipes[0][0], batches[0]))
+    assert gated.entered.wait(10)  # the first batch is in the model
+    for (ours, _), feeds in zip(pipes[1:], batches[1:], strict=True):
+        runner.jobs.put(_Job(ours, feeds))
+    gated.gate.set()
+    answers = [theirs.recv() for _, theirs in pipes]
+    # 2 + 1 rows merged (8 wide); the 3 rows after them would pass max_rows: the next call.
+    assert gated.calls == [(1, 4), (3, 8), (3, 5)]
+    for feeds, (status, outputs) in zip(batches, answers, strict=True):
+        assert status == "ok"
+        np.testing.assert_allclose(outputs["logits"], gated.engine.run(feeds)["logits"], atol=1e-4)
+
+
+def test_a_failed_call_fails_its_batches_and_the_engine_serves_on(bundle_dir, tmp_path):
+    settings = Settings(bundles=bundle_dir, warmup=False, engine_threads=1)
+    server = EngineServer(settings)
+    runner = server.runners["sentiment"]
+    gated = runner.engine = Gated(runner.engine)
+    gated.gate.set()
+    address = str(tmp_path / "engine.sock")
+    listener = Listener(address, family="AF_UNIX")
+    threading.Thread(target=server.serve, args=(listener,), daemon=True).start()
+    spec = runner.spec
+    backend = RemoteBackend(address, spec)
+    assert backend.provider == "CPUExecutionProvider"
+    feeds = pad_rows(rows(spec, [6], 0), spec.tokenizer.pad_id, False)[0]
+    gated.fail = True
+    with pytest.raises(BackendError, match="failed the call: RuntimeError"):
+        backend.run(feeds)
+    gated.fail = False
+    assert backend.run(feeds)["logits"].shape == (1, len(spec.labels))
+
+    # A worker whose bundle is not the engine's is told so, by name.
+    other = spec.model_copy(update={"model_sha256": "0" * 64})
+    with pytest.raises(BackendError, match="loaded another model.onnx"):
+        RemoteBackend(address, other)
+    with pytest.raises(BackendError, match="has no model 'nope'"):
+        RemoteBackend(address, spec.model_copy(update={"name": "nope"}))
+    backend.close()
+    listener.close()
+
+
+def spawned(supervisor: int) -> list[int]:
+    """The supervisor's processes (the engine, started first, has the lowest pid at start)."""
+    from tests.service.test_process import worker_pids
+
+    return worker_pids(supervisor)
+
+
+REQUESTS = [
+    ("/classify", {"inputs": ["a fine film", "dull"]}),
+    ("/ner", {"inputs": "Ada Lovelace worked in London with Charles Babbage."}),
+    ("/qa", {"inputs": {"question": "Who wrote it?", "context": "It was written by Ada."}}),
+    ("/fill-mask", {"inputs": "Paris is the [MASK] of France."}),
+    ("/nsp", {"inputs": {"text": "It rained.", "text_pair": "The streets were wet."}}),
+]
+
+
+def close(a, b):
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float):
+        return abs(a - b) < 1e-4
+    return a == b
+
+
+@pytest.mark.slow
+def test_the_engine_process_topology_answers_as_the_default_and_survives_its_engine(bundle_dir):
+    answers = {}
+    for topology in ("workers", "engine"):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        env = {"engine_process": "true"} if topology == "engine" else {}
+        process = start(bundle_dir, port, workers=2, **env)
+        try:
+            wait_ready(url, process)
+            with httpx.Client(base_url=url, timeout=30) as c:
+                replies = [c.post(path, json=body) for path, body in REQUESTS]
+                assert [r.status_code for r in replies] == [200] * len(REQUESTS), replies[0].text
+                answers[topology] = [r.json() for r in replies]
+                if topology == "workers":
+                    continue
+                metrics = c.get("/metrics").text
+                assert "bertserve_engine_batch_rows_count" in metrics
+                assert 'bertserve_requests_total{endpoint="/classify",status="200"} 1.0' in metrics
+
+                # The engine dies: readiness says so, the supervisor starts another, and a
+                # request sent meanwhile is answered (its batch is sent again to the new one).
+                engine, *workers = spawned(process.pid)
+                assert len(workers) == 2
+                os.kill(engine, signal.SIGKILL)
+                during = c.post("/classify", json={"inputs": "sent while it restarts"})
+                assert during.status_code == 200, during.text
+                deadline, statuses = time.monotonic() + 60, []
+                while time.monotonic() < deadline:
+                    statuses.append(c.get("/health/ready").status_code)
+                    if statuses[-1] == 200:
+                        break
+                    time.sleep(0.05)
+                assert statuses[-1] == 200
+                now = spawned(process.pid)
+                assert len(now) == 3 and engine not in now and set(workers) < set(now)
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=60) == 0
+            logs = process.stdout.read()
+            if topology == "engine":
+                assert "the engine process died with -9: replacing it" in logs
+                assert "engine process exited with 0" in logs
+        finally:
+            process.kill()
+    for (path, _), a, b in zip(REQUESTS, answers["workers"], answers["engine"], strict=True):
+        assert close(a, b), (path, a, b)
+
+
+@pytest.mark.slow
+def test_an_engine_process_that_cannot_start_stops_the_supervisor(bundle_dir, tmp_path):
+    """No workers are started for an engine that never got ready: exit 1, saying why."""
+    import hashlib
+    import json
+    import shutil
+
+    bundles = tmp_path / "bundles"
+    shutil.copytree(bundle_dir / "sentiment", bundles / "sentiment")
+    (bundles / "sentiment" / "model.onnx").write_bytes(b"not a model")
+    spec = json.loads((bundles / "sentiment" / "bundle.json").read_text())
+    spec["model_sha256"] = hashlib.sha256(b"not a model").hexdigest()
+    (bundles / "sentiment" / "bundle.json").write_text(json.dumps(spec))
+    process = start(bundles, free_port(), workers=2, engine_process="true")
+    try:
+        assert process.wait(timeout=60) == 1
+        logs = process.stdout.read()
+        assert "ONNX Runtime cannot load it" in logs
+        assert "the engine process exited with 1 before it was ready: stopping" in logs
+        assert "worker 0 started" not in logs
+    finally:
+        process.kill()
