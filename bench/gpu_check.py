@@ -11,7 +11,9 @@ Steps (each recorded; the first failure stops the run with its reason):
    fp32 graph and on an fp16 conversion of it;
 3. raw ONNX Runtime at batch 1/8/32/128 x sequence 128, fp32 against fp16;
 4. /classify under load (closed loop, 64 connections, 15 s): requests/s, latency, batch sizes,
-   stage times, GPU utilisation and memory from /metrics.
+   stage times, GPU utilisation and memory from /metrics;
+5. the same load on the GPU topology: front-end workers (one a core, at most 4) feeding one
+   engine process (`BERTSERVE_ENGINE_PROCESS`), with the rows of its merged calls.
 On a machine without CUDA it stops at step 1 and says why (exit status 1).
 `--rehearse` runs every step with the CPU provider in CUDA's place: the code path, not the
 numbers (tests/bench runs it).
@@ -185,7 +187,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def load_test(bundles_dir: Path, seconds: float = 15.0, connections: int = 64) -> dict[str, Any]:
+ENGINE_PROCESS = {
+    "BERTSERVE_ENGINE_PROCESS": "true",
+    "BERTSERVE_WORKERS": str(min(4, os.cpu_count() or 1)),
+}
+
+
+def load_test(
+    bundles_dir: Path,
+    seconds: float = 15.0,
+    connections: int = 64,
+    topology: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """`topology`: the settings that choose it; None: one worker, which owns the device."""
     import httpx
 
     port = free_port()
@@ -193,7 +207,7 @@ def load_test(bundles_dir: Path, seconds: float = 15.0, connections: int = 64) -
         **os.environ,
         "BERTSERVE_PROVIDERS": f"{TARGET},{CPU}" if TARGET == CUDA else CPU,
         "BERTSERVE_REQUIRE_GPU": str(TARGET == CUDA).lower(),
-        "BERTSERVE_WORKERS": "1",
+        **(topology or {"BERTSERVE_WORKERS": "1"}),
     }
     server = subprocess.Popen(
         [sys.executable, "-m", "service", "--bundles", str(bundles_dir), "--port", str(port)],
@@ -241,10 +255,16 @@ def load_test(bundles_dir: Path, seconds: float = 15.0, connections: int = 64) -
         line.split(" ")[0]: float(line.split(" ")[-1])
         for line in metrics.splitlines()
         if line.startswith(
-            ("bertserve_batch_rows_", "bertserve_stage_duration_seconds_sum", "bertserve_gpu_")
+            (
+                "bertserve_batch_rows_",
+                "bertserve_stage_duration_seconds_sum",
+                "bertserve_gpu_",
+                "bertserve_engine_",
+            )
         )
     }
     return {
+        "settings": {k: v for k, v in env.items() if k.startswith("BERTSERVE_")},
         "requests_per_s": len(latencies) / seconds,
         "statuses": statuses,
         "latency_ms": {
@@ -285,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
             ("answers_vs_cpu", lambda: check_answers(bundles, work)),
             ("raw_ort", lambda: time_raw(timed_bundle(bundles), work)),
             ("classify_under_load", lambda: load_test(args.bundles, args.load_seconds)),
+            (
+                "classify_under_load_engine_process",
+                lambda: load_test(args.bundles, args.load_seconds, topology=ENGINE_PROCESS),
+            ),
         )
         for name, step in steps:
             started = time.monotonic()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, on a machine with one NVIDIA GPU and PyPI: a fresh virtualenv with the
 # `gpu-wheels` extra (onnxruntime-gpu and NVIDIA's CUDA/cuDNN wheels, no CUDA image needed),
-# then bench/gpu_check.py's four steps; JSON results in $OUT (or runs/). Under 6 minutes.
+# then bench/gpu_check.py's five steps; JSON results in $OUT (or runs/). Under 6 minutes.
 # On a machine without a GPU it stops at the first step and says why (exit 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."

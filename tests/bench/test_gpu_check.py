@@ -20,7 +20,8 @@ def test_rehearsal_runs_every_step(bundle_dir, tmp_path):
     )
     report = json.loads(out.read_text())
     assert report["provider_under_test"] == "CPUExecutionProvider"
-    for step in ("loads_on_cuda", "answers_vs_cpu", "raw_ort", "classify_under_load"):
+    steps = ("loads_on_cuda", "answers_vs_cpu", "raw_ort", "classify_under_load")
+    for step in (*steps, "classify_under_load_engine_process"):
         assert "failed" not in report[step], report[step]
     for result in report["answers_vs_cpu"].values():
         assert result["fp32"]["max_abs_diff"] == 0.0  # the same provider: identical
@@ -31,6 +32,11 @@ def test_rehearsal_runs_every_step(bundle_dir, tmp_path):
     # BERTSERVE_MAX_QUEUE_WAIT_MS: a 429 is admission control answering, anything else is not.
     assert set(load["statuses"]) <= {"200", "429"} and load["statuses"].get("200", 0) > 0
     assert load["requests_per_s"] > 0
+    engine = report["classify_under_load_engine_process"]
+    assert set(engine["statuses"]) <= {"200", "429"} and engine["statuses"].get("200", 0) > 0
+    assert engine["settings"]["BERTSERVE_ENGINE_PROCESS"] == "true"
+    # the engine process ran the calls: its metrics are in the workers' scrape
+    assert any(k.startswith("bertserve_engine_batch_rows_count") for k in engine["metrics"])
 
 
 def test_without_cuda_it_stops_at_the_first_step_and_says_why(bundle_dir, tmp_path, capsys):
