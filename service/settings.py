@@ -14,6 +14,29 @@ from service.auth import MIN_KEY_LENGTH
 from service.engine import EngineOptions
 
 KNOWN_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def available_cores(cgroup: Path = CGROUP) -> int:
+    """The cores this process may use: its CPU affinity, capped by a container's CPU quota
+    (cgroup v2 `cpu.max`, or v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`) rounded up.
+    `os.cpu_count()` is the host's: in a container limited to 2 CPUs on a 64-core node it says
+    64, and 64 workers with their own models would not fit the container's memory."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    quota = period = None
+    try:
+        fields = (cgroup / "cpu.max").read_text().split()
+        if fields and fields[0] != "max":
+            quota, period = int(fields[0]), int(fields[1])
+    except (OSError, ValueError, IndexError):
+        try:
+            quota = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+            period = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            pass
+    if quota is not None and period and quota > 0:
+        cores = min(cores or 1, -(-quota // period))
+    return max(1, cores or 1)
 
 
 class Settings(BaseSettings):
@@ -44,7 +67,8 @@ class Settings(BaseSettings):
         0,
         ge=0,
         description="serving processes sharing the port, each with its own models and a share "
-        "of the cores; 0: one per core (docs/deploy.md sizes them)",
+        "of the cores; 0: one per core this process may use (its CPU affinity, capped by a "
+        "container's CPU quota; docs/deploy.md sizes them)",
     )
     engine_process: bool = Field(
         False,
@@ -204,15 +228,15 @@ class Settings(BaseSettings):
 
     @property
     def worker_count(self) -> int:
-        return self.workers or os.cpu_count() or 1
+        return self.workers or available_cores()
 
     @property
     def threads(self) -> int:
-        return self.intra_op_threads or max(1, (os.cpu_count() or 1) // self.worker_count)
+        return self.intra_op_threads or max(1, available_cores() // self.worker_count)
 
     def engine_options(self, device: bool = False) -> EngineOptions:
         """ONNX Runtime options of a worker's sessions, or (`device`) of the engine process's."""
-        threads = (self.engine_threads or os.cpu_count() or 1) if device else self.threads
+        threads = (self.engine_threads or available_cores()) if device else self.threads
         return EngineOptions(
             providers=self.providers,
             threads=threads,

@@ -169,3 +169,30 @@ def test_the_cuda_settings_reach_the_provider_options(tmp_path, monkeypatch):
         "use_tf32": 1,
     }
     assert (options.threads, options.spinning) == (3, True)
+
+
+def test_the_cores_are_the_containers_not_the_hosts(tmp_path, monkeypatch):
+    """A container's CPU quota caps the default worker count (os.cpu_count() is the host's)."""
+    from service.settings import Settings, available_cores
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(64)))
+    (tmp_path / "cpu.max").write_text("200000 100000\n")  # cgroup v2: 2 CPUs
+    assert available_cores(tmp_path) == 2
+    (tmp_path / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs: rounded up
+    assert available_cores(tmp_path) == 2
+    (tmp_path / "cpu.max").write_text("max 100000\n")  # no quota: the affinity
+    assert available_cores(tmp_path) == 64
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()  # cgroup v1
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert available_cores(tmp_path) == 4
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")  # v1: no quota
+    assert available_cores(tmp_path) == 64
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2})  # taskset / cpuset
+    assert available_cores(tmp_path) == 3
+
+    monkeypatch.setattr("service.settings.available_cores", lambda cgroup=None: 4)
+    settings = Settings(bundles=tmp_path)
+    assert (settings.worker_count, settings.threads) == (4, 1)
+    assert settings.engine_options(device=True).threads == 4
