@@ -147,10 +147,12 @@ class Supervisor:
         signal.signal(signal.SIGINT, self.on_signal)
         if self.settings.engine_process:
             log.info(
-                "serving on %s:%d with %d workers and one engine process (%d threads)",
+                "serving on %s:%d with %d worker%s and one engine process "
+                "(ONNX Runtime threads: %d)",
                 self.settings.host,
                 sock.getsockname()[1],
                 self.count,
+                "" if self.count == 1 else "s",
                 self.settings.engine_options(device=True).threads,
             )
         else:

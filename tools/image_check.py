@@ -94,6 +94,34 @@ def image(tag: str) -> None:
             print(logs.stderr[-3000:], file=sys.stderr)  # noqa: T201
 
 
+def engine_process(tag: str) -> None:
+    """The GPU topology in the container as it ships (read-only root: the engine's socket goes
+    in the /tmp tmpfs), limited to 1 CPU: one worker (the quota, not the host's cores) feeding
+    one engine process; every endpoint; `docker stop` exits 0."""
+    port = free_port()
+    docker(
+        "run", "-d", "--name", NAME, "--read-only", "--tmpfs", "/tmp",
+        "--cap-drop", "ALL", "--security-opt", "no-new-privileges:true", "--cpus", "1",
+        "-e", "BERTSERVE_ENGINE_PROCESS=true", "-p", f"127.0.0.1:{port}:8000", tag,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        check("engine process: ready", True, f"{wait_ready(url):.1f} s")
+        every_endpoint(url)
+        logs = subprocess.run(["docker", "logs", NAME], capture_output=True, text=True, check=False)
+        text = logs.stdout + logs.stderr
+        check(
+            "engine process: 1 worker at --cpus 1 (the host has more), one engine",
+            "with 1 worker and one engine process (ONNX Runtime threads: 1)" in text,
+            next((line for line in text.splitlines() if "serving on" in line), "no start line"),
+        )
+        docker("stop", "-t", "45", NAME)
+        code = docker("inspect", "-f", "{{.State.ExitCode}}", NAME)
+        check("engine process: SIGTERM exit status 0", code == "0", code)
+    finally:
+        docker("rm", "-f", NAME)
+
+
 def sigterm_drains(url: str) -> None:
     """Requests in flight when `docker stop` sends SIGTERM are all answered; exit status 0."""
     context = "the king of france was born in paris . " * 150
@@ -148,6 +176,8 @@ def main(argv: list[str]) -> int:
     try:
         if argv[:1] == ["image"]:
             image(argv[1])
+            docker("rm", "-f", NAME)
+            engine_process(argv[1])
         elif argv[:1] == ["compose"]:
             compose(argv[1], argv[2])
         else:
