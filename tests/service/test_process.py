@@ -48,12 +48,15 @@ def wait_ready(url, process, timeout=60):
     raise TimeoutError("service never became ready")
 
 
-def test_sigterm_under_load_loses_no_admitted_request(bundle_dir):
+@pytest.mark.parametrize("topology", ["workers", "engine process"])
+def test_sigterm_under_load_loses_no_admitted_request(bundle_dir, topology):
     """Two serving processes (the supervisor passes SIGTERM on): every admitted request is
-    answered, a late one gets 503, and the exit status is 0."""
+    answered, a late one gets 503, and the exit status is 0. With the engine process, it is
+    stopped after the workers have drained, so their last batches still run."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    process = start(bundle_dir, port, max_wait_ms=1500, drain_timeout_s=20, workers=2)
+    env = {"engine_process": "true"} if topology == "engine process" else {}
+    process = start(bundle_dir, port, max_wait_ms=1500, drain_timeout_s=20, workers=2, **env)
     try:
         wait_ready(url, process)
 
@@ -87,6 +90,8 @@ def test_sigterm_under_load_loses_no_admitted_request(bundle_dir):
         assert len(drained) == 2 and sum(drained) >= 16, drained  # each worker drained its own
         served = [x for x in lines if x.get("endpoint") == "/classify" and x.get("status") == 200]
         assert len(served) == 16 and all("request_id" in x and "queue_ms" in x for x in served)
+        if env:
+            assert "engine process exited with 0" in logs
     finally:
         process.kill()
 
