@@ -22,7 +22,7 @@ from service.engine import Engine, EngineOptions
 from service.errors import BackendError
 from service.settings import Settings
 from tests.helpers.server import free_port
-from tests.service.test_process import start, wait_ready
+from tests.service.test_process import start, unloadable_bundles, wait_ready
 
 
 def rows(spec, lengths, seed):
@@ -209,16 +209,7 @@ def test_the_engine_process_topology_answers_as_the_default_and_survives_its_eng
 @pytest.mark.slow
 def test_an_engine_process_that_cannot_start_stops_the_supervisor(bundle_dir, tmp_path):
     """No workers are started for an engine that never got ready: exit 1, saying why."""
-    import hashlib
-    import json
-    import shutil
-
-    bundles = tmp_path / "bundles"
-    shutil.copytree(bundle_dir / "sentiment", bundles / "sentiment")
-    (bundles / "sentiment" / "model.onnx").write_bytes(b"not a model")
-    spec = json.loads((bundles / "sentiment" / "bundle.json").read_text())
-    spec["model_sha256"] = hashlib.sha256(b"not a model").hexdigest()
-    (bundles / "sentiment" / "bundle.json").write_text(json.dumps(spec))
+    bundles = unloadable_bundles(bundle_dir, tmp_path)
     process = start(bundles, free_port(), workers=2, engine_process="true")
     try:
         assert process.wait(timeout=60) == 1

@@ -180,9 +180,9 @@ def test_workers_share_the_port_metrics_and_readiness_and_a_dead_one_is_replaced
         process.kill()
 
 
-def test_workers_that_cannot_start_stop_the_supervisor(bundle_dir, tmp_path):
-    """A worker that dies before it was ever ready is not restarted in a loop: the supervisor
-    stops the others and exits 1, so the orchestrator sees the failure."""
+def unloadable_bundles(bundle_dir, tmp_path):
+    """A bundle directory whose one model.onnx ONNX Runtime cannot load (its sha256 matches,
+    so the service gets as far as building the session)."""
     import hashlib
 
     bundles = tmp_path / "bundles"
@@ -191,7 +191,13 @@ def test_workers_that_cannot_start_stop_the_supervisor(bundle_dir, tmp_path):
     spec = json.loads((bundles / "sentiment" / "bundle.json").read_text())
     spec["model_sha256"] = hashlib.sha256(b"not a model").hexdigest()
     (bundles / "sentiment" / "bundle.json").write_text(json.dumps(spec))
-    process = start(bundles, free_port(), workers=2)
+    return bundles
+
+
+def test_workers_that_cannot_start_stop_the_supervisor(bundle_dir, tmp_path):
+    """A worker that dies before it was ever ready is not restarted in a loop: the supervisor
+    stops the others and exits 1, so the orchestrator sees the failure."""
+    process = start(unloadable_bundles(bundle_dir, tmp_path), free_port(), workers=2)
     try:
         assert process.wait(timeout=60) == 1
         assert "before it was ready: stopping" in process.stdout.read()
