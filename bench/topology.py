@@ -25,12 +25,7 @@ from bench.servers import OURS, only_bundles, serve
 
 ROOT = Path(__file__).resolve().parents[1]
 PORT = 8127
-ARMS = {
-    "workers": {},
-    "engine": {"BERTSERVE_ENGINE_PROCESS": "true"},
-    # one ORT thread: leaves a core to the front ends on a 2-core machine
-    "engine-1t": {"BERTSERVE_ENGINE_PROCESS": "true", "BERTSERVE_ENGINE_THREADS": "1"},
-}
+ARMS = {"workers": {}, "engine": {"BERTSERVE_ENGINE_PROCESS": "true"}}
 
 
 def group_rss_mb(pgid: int) -> float:

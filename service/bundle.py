@@ -145,6 +145,11 @@ class BundleSpec(_Strict):
         return self
 
 
+def bundle_dirs(root: str | Path) -> list[Path]:
+    """The bundles under `root`: each directory holding a bundle.json, in name order."""
+    return sorted(p.parent for p in Path(root).glob(f"*/{BUNDLE_FILE}"))
+
+
 def load_bundle_spec(directory: str | Path) -> BundleSpec:
     """Read and validate `bundle.json`, and check that the files it names exist."""
     directory = Path(directory)

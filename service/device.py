@@ -25,12 +25,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection, Listener
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from service.bundle import BUNDLE_FILE, BundleSpec, check_model_file, load_bundle_spec
+from service.bundle import BundleSpec, bundle_dirs, check_model_file, load_bundle_spec
 from service.engine import Engine
 from service.errors import BackendError
 
@@ -100,10 +99,6 @@ def split_outputs(
 class _Job:
     conn: Connection
     feeds: dict[str, np.ndarray]
-
-    @property
-    def tokens(self) -> int:
-        return int(self.feeds["input_ids"].size)
 
     @property
     def rows(self) -> int:
@@ -198,8 +193,7 @@ class EngineServer:
             ["model"],
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
         )
-        for path in sorted(Path(settings.bundles).glob(f"*/{BUNDLE_FILE}")):
-            directory = path.parent
+        for directory in bundle_dirs(settings.bundles):
             spec = load_bundle_spec(directory)
             check_model_file(directory, spec)
             engine = Engine(directory, spec, options)

@@ -17,6 +17,7 @@ from service.bundle import (
     BUNDLE_FILE,
     BundleError,
     BundleSpec,
+    bundle_dirs,
     check_model_file,
     load_bundle_spec,
 )
@@ -197,7 +198,7 @@ class ServiceState:
     def load(self) -> None:
         """Load every bundle under settings.bundles; a bad one is a BundleError naming it."""
         root = self.settings.bundles
-        dirs = sorted(p.parent for p in root.glob(f"*/{BUNDLE_FILE}"))
+        dirs = bundle_dirs(root)
         if not dirs:
             raise BundleError(f"{root}: no bundles (no */{BUNDLE_FILE})")
         for directory in dirs:

@@ -22,7 +22,7 @@ from service.engine import Engine, EngineOptions
 from service.errors import BackendError
 from service.settings import Settings
 from tests.helpers.server import free_port
-from tests.service.test_process import start, unloadable_bundles, wait_ready
+from tests.service.test_process import start, unloadable_bundles, wait_ready, worker_pids
 
 
 def rows(spec, lengths, seed):
@@ -132,13 +132,6 @@ def test_a_failed_call_fails_its_batches_and_the_engine_serves_on(bundle_dir, tm
     listener.close()
 
 
-def spawned(supervisor: int) -> list[int]:
-    """The supervisor's processes (the engine, started first, has the lowest pid at start)."""
-    from tests.service.test_process import worker_pids
-
-    return worker_pids(supervisor)
-
-
 REQUESTS = [
     ("/classify", {"inputs": ["a fine film", "dull"]}),
     ("/ner", {"inputs": "Ada Lovelace worked in London with Charles Babbage."}),
@@ -180,7 +173,8 @@ def test_the_engine_process_topology_answers_as_the_default_and_survives_its_eng
 
                 # The engine dies: readiness says so, the supervisor starts another, and a
                 # request sent meanwhile is answered (its batch is sent again to the new one).
-                engine, *workers = spawned(process.pid)
+                # the engine is started first: the lowest pid of the supervisor's processes
+                engine, *workers = worker_pids(process.pid)
                 assert len(workers) == 2
                 os.kill(engine, signal.SIGKILL)
                 during = c.post("/classify", json={"inputs": "sent while it restarts"})
@@ -192,7 +186,7 @@ def test_the_engine_process_topology_answers_as_the_default_and_survives_its_eng
                         break
                     time.sleep(0.05)
                 assert statuses[-1] == 200
-                now = spawned(process.pid)
+                now = worker_pids(process.pid)
                 assert len(now) == 3 and engine not in now and set(workers) < set(now)
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=60) == 0
