@@ -10,8 +10,9 @@ together) and hands each worker its share (`split_outputs`). This is the split o
 servers from its engine core and of TEI's router from its backend, with the batcher's `Backend`
 protocol as the seam: a batcher cannot tell a remote engine from a local one.
 
-The socket lives in a directory only this user can open (`tempfile.mkdtemp`: mode 0700); the
-arrays travel pickled (a batch of 32 x 128 int64 ids is 32 kB).
+The socket lives in a directory only this user can open (`tempfile.mkdtemp`: mode 0700). The
+messages are service/wire.py's: a JSON header and the arrays' raw bytes, never a pickle (a batch
+of 32 x 128 int64 ids is 32 kB).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import numpy as np
 from service.bundle import BundleSpec, bundle_dirs, check_model_file, load_bundle_spec
 from service.engine import Engine
 from service.errors import BackendError
+from service.wire import WireError, pack, unpack
 
 log = logging.getLogger("service.device")
 CONNECT_WAIT_S = 30.0  # a worker waits this long for a (re)starting engine before failing a batch
@@ -116,9 +118,9 @@ class ModelRunner:
         self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self.observe = observe  # (parts, rows) of each call, for the metrics
         self._held: _Job | None = None  # taken from the queue but past the last call's limits
-        # Answers are pickled and written by a second thread, while the next call runs (the
+        # Answers are packed and written by a second thread, while the next call runs (the
         # model's thread spent 19% of its time writing them: a profile, session 13).
-        self._replies: queue.SimpleQueue[tuple[Connection, tuple[str, Any]]] = queue.SimpleQueue()
+        self._replies: queue.SimpleQueue[tuple[Connection, bytes]] = queue.SimpleQueue()
         for target, name in ((self._loop, "engine"), (self._reply, "engine-replies")):
             threading.Thread(target=target, name=f"{name}-{spec.name}", daemon=True).start()
 
@@ -126,7 +128,7 @@ class ModelRunner:
         while True:
             conn, answer = self._replies.get()
             with contextlib.suppress(OSError):  # that worker is gone; its batch with it
-                conn.send(answer)
+                conn.send_bytes(answer)
 
     def _take(self) -> list[_Job]:
         """The oldest job, and every job queued behind it that fits in the same call."""
@@ -156,10 +158,10 @@ class ModelRunner:
                 log.exception(
                     "model %s failed a merged call of %d batches", self.spec.name, len(jobs)
                 )
-                reply: list[tuple[str, Any]] = [("error", type(exc).__name__)] * len(jobs)
+                reply = [pack("error", message=type(exc).__name__)] * len(jobs)
             else:
                 shares = split_outputs(outputs, spans, self.spec.output_axes)
-                reply = [("ok", share) for share in shares]
+                reply = [pack("ok", share) for share in shares]
             if self.observe is not None:
                 self.observe(len(jobs), int(merged["input_ids"].shape[0]))
             for job, answer in zip(jobs, reply, strict=True):
@@ -169,8 +171,10 @@ class ModelRunner:
 class EngineServer:
     """The engine process: every bundle's session, and a thread a worker connection."""
 
-    def __init__(self, settings: Any) -> None:
-        from prometheus_client import Histogram
+    def __init__(self, settings: Any, registry: Any = None) -> None:
+        from prometheus_client import REGISTRY, Histogram
+
+        registry = REGISTRY if registry is None else registry
 
         from service.state import warmup_feeds  # (service.state imports this module)
 
@@ -186,12 +190,14 @@ class EngineServer:
             "Workers' batches merged into one call of the engine process",
             ["model"],
             buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32),
+            registry=registry,
         )
         rows = Histogram(
             "bertserve_engine_batch_rows",
             "Sequences in one call of the engine process",
             ["model"],
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=registry,
         )
         for directory in bundle_dirs(settings.bundles):
             spec = load_bundle_spec(directory)
@@ -226,9 +232,11 @@ class EngineServer:
             if runner is None:
                 return
             while True:
-                runner.jobs.put(_Job(conn, conn.recv()))
+                runner.jobs.put(_Job(conn, _batch(conn.recv_bytes())))
         except (EOFError, OSError):  # the worker closed its end (it exited, or reconnects)
             pass
+        except WireError as exc:  # not a worker of this version: hang up on it
+            log.warning("the engine process closed a connection that sent %s", exc)
         finally:
             conn.close()
             with self._lock:
@@ -237,18 +245,34 @@ class EngineServer:
     def _hello(self, conn: Connection) -> ModelRunner | None:
         """A worker names the model and the sha256 of the graph it loaded from its bundle; the
         engine answers with its provider, or says why it cannot serve that model."""
-        name, sha256 = conn.recv()
+        hello, _ = unpack(conn.recv_bytes())
+        name, sha256 = hello.get("model"), hello.get("sha256")
+        if hello["kind"] != "hello" or not isinstance(name, str):
+            raise WireError(f"a {hello['kind']!r} message where a 'hello' naming a model was due")
         runner = self.runners.get(name)
         if runner is None:
-            conn.send(("error", f"the engine process has no model {name!r}"))
+            conn.send_bytes(pack("error", message=f"the engine process has no model {name!r}"))
             return None
         if runner.spec.model_sha256 != sha256:
-            conn.send(("error", f"{name}: the engine process loaded another model.onnx"))
+            message = f"{name}: the engine process loaded another model.onnx"
+            conn.send_bytes(pack("error", message=message))
             return None
-        conn.send(
-            ("ok", {"provider": runner.engine.provider, "requested": runner.engine.requested})
-        )
+        engine = runner.engine
+        conn.send_bytes(pack("ok", provider=engine.provider, requested=engine.requested))
         return runner
+
+
+def _batch(message: bytes) -> dict[str, np.ndarray]:
+    """A worker's padded batch: a "run" message whose arrays are int64 matrices of the same
+    rows, `input_ids` among them (what merge_feeds takes)."""
+    header, feeds = unpack(message)
+    if header["kind"] != "run" or "input_ids" not in feeds:
+        raise WireError(f"a {header['kind']!r} message without input_ids where a batch was due")
+    rows = feeds["input_ids"].shape[0]
+    for name, value in feeds.items():
+        if value.dtype != np.int64 or value.ndim != 2 or value.shape[0] != rows:
+            raise WireError(f"{name}: {value.dtype} {value.shape} in a batch of {rows} rows")
+    return feeds
 
 
 def engine_main(values: dict[str, Any], address: str, ready: Any) -> None:
@@ -299,20 +323,24 @@ class RemoteBackend:
             try:
                 conn = Client(self.address, family="AF_UNIX")
                 try:
-                    conn.send((self.spec.name, self.spec.model_sha256))
-                    status, payload = conn.recv()
+                    conn.send_bytes(
+                        pack("hello", model=self.spec.name, sha256=self.spec.model_sha256)
+                    )
+                    answer, _ = unpack(conn.recv_bytes())
                 except BaseException:
                     conn.close()
                     raise
                 break
+            except WireError as exc:
+                raise BackendError(f"the engine process greeted out of format: {exc}") from exc
             except (EOFError, OSError) as exc:
                 if time.monotonic() > deadline:
                     raise BackendError(f"the engine process at {self.address}: {exc!r}") from exc
                 time.sleep(0.05)
-        if status != "ok":
+        if answer["kind"] != "ok":
             conn.close()
-            raise BackendError(str(payload))
-        self.provider, self.requested = payload["provider"], payload["requested"]
+            raise BackendError(str(answer.get("message")))
+        self.provider, self.requested = answer["provider"], answer["requested"]
         self._conn = conn
         return conn
 
@@ -321,8 +349,8 @@ class RemoteBackend:
             for attempt in (1, 2):
                 conn = self._conn or self._connect()
                 try:
-                    conn.send(feeds)
-                    status, payload = conn.recv()
+                    conn.send_bytes(pack("run", feeds))
+                    answer, outputs = unpack(conn.recv_bytes())
                     break
                 except (EOFError, OSError) as exc:
                     # The engine process went away (it is restarted by the supervisor). A model
@@ -332,9 +360,13 @@ class RemoteBackend:
                     if attempt == 2:
                         raise BackendError(f"the engine process went away twice: {exc}") from exc
                     log.warning("the engine process went away during a call (%s): resending", exc)
-        if status != "ok":
-            raise BackendError(f"the engine process failed the call: {payload}")
-        return payload
+                except WireError as exc:  # an answer out of format: nothing to resend to
+                    conn.close()
+                    self._conn = None
+                    raise BackendError(f"the engine process answered out of format: {exc}") from exc
+        if answer["kind"] != "ok":
+            raise BackendError(f"the engine process failed the call: {answer.get('message')}")
+        return outputs
 
     def close(self) -> None:
         with self._lock:

@@ -5,15 +5,17 @@ a real process: parity with the default one, a killed engine replaced, SIGTERM."
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import threading
 import time
 from multiprocessing import Pipe
-from multiprocessing.connection import Listener
+from multiprocessing.connection import Client, Listener
 
 import httpx
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
 
 from service.batching import Row, pad_rows
 from service.bundle import load_bundle_spec
@@ -21,6 +23,7 @@ from service.device import EngineServer, ModelRunner, RemoteBackend, merge_feeds
 from service.engine import Engine, EngineOptions
 from service.errors import BackendError
 from service.settings import Settings
+from service.wire import pack, unpack
 from tests.helpers.server import free_port
 from tests.service.test_process import start, unloadable_bundles, wait_ready, worker_pids
 
@@ -95,23 +98,31 @@ def test_the_runner_merges_what_queued_behind_a_busy_call_up_to_its_limits(bundl
     for (ours, _), feeds in zip(pipes[1:], batches[1:], strict=True):
         runner.jobs.put(_Job(ours, feeds))
     gated.gate.set()
-    answers = [theirs.recv() for _, theirs in pipes]
+    answers = [unpack(theirs.recv_bytes()) for _, theirs in pipes]
     # 2 + 1 rows merged (8 wide); the 3 rows after them would pass max_rows: the next call.
     assert gated.calls == [(1, 4), (3, 8), (3, 5)]
-    for feeds, (status, outputs) in zip(batches, answers, strict=True):
-        assert status == "ok"
+    for feeds, (header, outputs) in zip(batches, answers, strict=True):
+        assert header["kind"] == "ok"
         np.testing.assert_allclose(outputs["logits"], gated.engine.run(feeds)["logits"], atol=1e-4)
 
 
-def test_a_failed_call_fails_its_batches_and_the_engine_serves_on(bundle_dir, tmp_path):
+@pytest.fixture
+def engine_server(bundle_dir, tmp_path):
+    """An engine process's server on the tiny bundles, in this process: (server, address)."""
     settings = Settings(bundles=bundle_dir, warmup=False, engine_threads=1)
-    server = EngineServer(settings)
-    runner = server.runners["sentiment"]
-    gated = runner.engine = Gated(runner.engine)
-    gated.gate.set()
+    server = EngineServer(settings, registry=CollectorRegistry())
     address = str(tmp_path / "engine.sock")
     listener = Listener(address, family="AF_UNIX")
     threading.Thread(target=server.serve, args=(listener,), daemon=True).start()
+    yield server, address
+    listener.close()
+
+
+def test_a_failed_call_fails_its_batches_and_the_engine_serves_on(engine_server):
+    server, address = engine_server
+    runner = server.runners["sentiment"]
+    gated = runner.engine = Gated(runner.engine)
+    gated.gate.set()
     spec = runner.spec
     backend = RemoteBackend(address, spec)
     assert backend.provider == "CPUExecutionProvider"
@@ -129,7 +140,56 @@ def test_a_failed_call_fails_its_batches_and_the_engine_serves_on(bundle_dir, tm
     with pytest.raises(BackendError, match="has no model 'nope'"):
         RemoteBackend(address, spec.model_copy(update={"name": "nope"}))
     backend.close()
-    listener.close()
+
+
+GREETING = object()  # stands for a right greeting: the hash is the fixture's
+
+
+LOADED: list[str] = []
+
+
+def record_load(what: str) -> tuple[str, str]:
+    LOADED.append(what)
+    return ("sentiment", "0" * 64)
+
+
+class Payload:
+    """A pickle that, if loaded (in this process: the test's engine runs here), says so."""
+
+    def __reduce__(self):
+        return (record_load, ("the engine unpickled a message",))
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [pickle.dumps(Payload())],  # the old protocol's greeting was a pickle
+        [GREETING, pickle.dumps(Payload())],
+        [pack("run", {"input_ids": np.zeros((1, 3), np.int64)})],  # a batch before the greeting
+        [b"\x00\x00\x00\x05{}"],  # a header cut short
+    ],
+    ids=["pickled-hello", "pickled-batch", "batch-first", "truncated"],
+)
+def test_a_message_out_of_format_is_hung_up_on_not_loaded(engine_server, messages):
+    """No pickle is loaded (design.md): a connection that sends one, or anything else out of
+    service/wire.py's format, is closed, and the engine serves the next worker."""
+    server, address = engine_server
+    spec = server.runners["sentiment"].spec
+    greeting = pack("hello", model="sentiment", sha256=spec.model_sha256)
+    messages = [greeting if m is GREETING else m for m in messages]
+    conn = Client(address, family="AF_UNIX")
+    for message in messages:
+        conn.send_bytes(message)
+    with pytest.raises(EOFError):
+        while True:  # the greeting's answer, then the hang-up
+            header, _ = unpack(conn.recv_bytes())
+            assert header["kind"] == "ok"
+    conn.close()
+    backend = RemoteBackend(address, spec)
+    feeds = pad_rows(rows(spec, [6], 0), spec.tokenizer.pad_id, False)[0]
+    assert backend.run(feeds)["logits"].shape == (1, len(spec.labels))
+    backend.close()
+    assert LOADED == []
 
 
 REQUESTS = [
