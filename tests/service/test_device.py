@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import signal
 import threading
 import time
@@ -24,6 +25,7 @@ from service.engine import Engine, EngineOptions
 from service.errors import BackendError
 from service.settings import Settings
 from service.wire import pack, unpack
+from tests.deploy.test_deploy import metric_names_used
 from tests.helpers.server import free_port
 from tests.service.test_process import start, unloadable_bundles, wait_ready, worker_pids
 
@@ -229,6 +231,10 @@ def test_the_engine_process_topology_answers_as_the_default_and_survives_its_eng
                     continue
                 metrics = c.get("/metrics").text
                 assert "bertserve_engine_batch_rows_count" in metrics
+                # ... and every engine metric the Grafana dashboard plots
+                exported = set(re.findall(r"^(bertserve_engine_[a-z_]+)", metrics, re.M))
+                used = {n for n in metric_names_used() if n.startswith("bertserve_engine_")}
+                assert used and used <= exported, sorted(used - exported)
                 assert 'bertserve_requests_total{endpoint="/classify",status="200"} 1.0' in metrics
 
                 # The engine dies: readiness says so, the supervisor starts another, and a
