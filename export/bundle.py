@@ -31,6 +31,8 @@ from export.graph import (
 from export.parity import (
     MIN_AGREEMENT,
     TOLERANCE,
+    VERIFY_ALPHA,
+    agreement_p_value,
     compare,
     onnx_outputs,
     sample_feeds,
@@ -428,16 +430,23 @@ def verify(directory: Path) -> dict[str, Any]:
         spec.max_seq_len,
         spec.pooling.model_dump() if spec.pooling else None,
     )
+    gate = MIN_AGREEMENT[spec.precision]
+    result["agreement_p_value"] = agreement_p_value(
+        result["top1_agreement"], result["compared"], gate
+    )
     if (
         result["max_abs_diff"] > TOLERANCE[spec.precision]
-        or result["top1_agreement"] < MIN_AGREEMENT[spec.precision]
+        or result["agreement_p_value"] < VERIFY_ALPHA
     ):
         raise ValueError(
             f"{directory}: {spec.precision} parity with {source} fails: {result} "
-            f"(tolerance {TOLERANCE[spec.precision]}, "
-            f"agreement >= {MIN_AGREEMENT[spec.precision]})"
+            f"(tolerance {TOLERANCE[spec.precision]}; a graph at the agreement gate {gate} "
+            f"disagrees this often with probability {result['agreement_p_value']:.2g}, "
+            f"under {VERIFY_ALPHA})"
         )
     report["parity"] = result
+    if spec.variant_accuracy:  # the rate, measured at export on real text
+        report["variant_accuracy"] = spec.variant_accuracy
     return report
 
 

@@ -6,6 +6,7 @@ Used by `export` to measure an fp16/int8 variant against fp32 on real text, and 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,40 @@ MIN_AGREEMENT = {
     "int8-nf4-embeddings": 0.95,
     "int8-int4-embeddings": 0.95,
 }
+
+# `export verify` rechecks parity on the 21 sample texts, too few to measure a rate: a graph
+# whose top-1 agreement is exactly 0.98 disagrees on at least one of 21 about a third of the time
+# (1 - 0.98**21). The rate itself is measured at export on real text (`variant_accuracy`, 872
+# SST-2 sentences for the shipped bundles); the recheck fails a bundle only when its sample is
+# evidence, at this level, that the agreement is below the gate.
+VERIFY_ALPHA = 0.01
+
+
+def agreement_p_value(agreement: float, compared: int, min_agreement: float) -> float:
+    """How often a graph whose true top-1 agreement is exactly `min_agreement` would disagree on
+    as many of `compared` entries as this one did, or more (a one-sided binomial tail): small
+    when the sample is evidence that the graph is below the gate."""
+    disagreements = round((1.0 - agreement) * compared)
+    if disagreements == 0:
+        return 1.0
+    q = 1.0 - min_agreement
+    if q <= 0.0:
+        return 0.0
+    log_q, log_p = math.log(q), math.log1p(-q)
+    head = math.lgamma(compared + 1)
+    return min(
+        1.0,
+        sum(
+            math.exp(
+                head
+                - math.lgamma(k + 1)
+                - math.lgamma(compared - k + 1)
+                + k * log_q
+                + (compared - k) * log_p
+            )
+            for k in range(disagreements, compared + 1)
+        ),
+    )
 
 
 def sample_feeds(

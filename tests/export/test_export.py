@@ -318,7 +318,46 @@ def test_int8_embedding_rows_shrink_the_table_and_keep_the_answers(checkpoints, 
     graph = onnx.load(str(tmp_path / "b" / "model.onnx")).graph
     tables = [i for i in graph.initializer if list(i.dims) == [99, 32]]
     assert [t.data_type for t in tables] == [onnx.TensorProto.INT8]
-    assert verify(tmp_path / "b")["parity"]["top1_agreement"] >= 0.98
+    report = verify(tmp_path / "b")
+    assert report["parity"]["top1_agreement"] >= 0.98
+    assert report["variant_accuracy"]["texts"] == len(TEXTS) * 8  # the rate, measured at export
+
+
+@pytest.mark.parametrize(
+    ("agreeing", "precision", "passes"),
+    [
+        (21, "fp32", True),
+        (20, "fp32", False),
+        (17, "int8", True),  # 4 misses: p = 0.019 at 0.95
+        (16, "int8", False),  # 5: p = 0.003
+        (20, "fp16-weights-int8-embeddings", True),  # 1 miss: p = 0.35 at 0.98
+        (19, "fp16-weights-int8-embeddings", True),  # 2: p = 0.065
+        (18, "fp16-weights-int8-embeddings", False),  # 3: p = 0.008
+    ],
+)
+def test_verify_takes_the_sample_as_evidence_against_the_gate_not_as_the_rate(
+    bundles, tmp_path, monkeypatch, agreeing, precision, passes
+):
+    """21 sample texts cannot measure a 98% rate (one miss in 21 happens to a third of graphs
+    at exactly 98%): verify fails a bundle only when its misses are improbable (< 1%) at the
+    gate; fp32 must agree on every one. The parity is injected: the sample's outcome is the
+    fault."""
+    from export import bundle as exporter
+    from export.parity import agreement_p_value
+
+    bundle = tmp_path / "b"
+    shutil.copytree(bundles["root"] / "qa", bundle)
+    spec = json.loads((bundle / "bundle.json").read_text())
+    (bundle / "bundle.json").write_text(json.dumps({**spec, "precision": precision}))
+    result = {"max_abs_diff": 1e-5, "top1_agreement": agreeing / 21, "compared": 21}
+    monkeypatch.setattr(exporter, "torch_parity", lambda *a, **k: dict(result))
+    if passes:
+        assert verify(bundle)["parity"]["agreement_p_value"] >= 0.01
+    else:
+        with pytest.raises(ValueError, match="disagrees this often with probability"):
+            verify(bundle)
+    assert agreement_p_value(20 / 21, 21, 0.98) == pytest.approx(1 - 0.98**21)
+    assert agreement_p_value(0.97, 5000, 0.98) < 1e-5 < 0.4 < agreement_p_value(0.98, 5000, 0.98)
 
 
 def test_convert_rewrites_a_bundle_without_its_checkpoint(checkpoints, tmp_path, capsys):
