@@ -28,6 +28,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
 import time
 from types import FrameType
 from typing import Any
@@ -39,9 +40,27 @@ log = logging.getLogger("service.supervisor")
 SPAWN = multiprocessing.get_context("spawn")  # no fork: the parent holds no models or threads
 
 
+def stop_with_the_supervisor() -> None:
+    """A worker or engine process would outlive a supervisor that was killed outright (the OOM
+    killer, `kill -9`), serving on with nobody to replace it or drain it, and holding the port.
+    A thread waits on the parent's sentinel instead and sends this process SIGTERM: it drains
+    what it holds and exits, and the port closes with the last worker."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()
+        log.warning("the supervisor (pid %s) is gone: draining and exiting", parent.pid)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
+
+
 def engine_process_main(values: dict[str, Any], address: str, ready: Any) -> None:
     from service.device import engine_main
 
+    stop_with_the_supervisor()
     engine_main(values, address, ready)
 
 
@@ -49,6 +68,7 @@ def worker_main(values: dict[str, Any], sock: socket.socket, slot: int, ready_fl
     from service.server import run_worker
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which drains
+    stop_with_the_supervisor()
     raise SystemExit(run_worker(Settings(**values), [sock], slot, ready_flags))
 
 

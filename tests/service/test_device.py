@@ -227,34 +227,9 @@ def test_the_engine_process_topology_answers_as_the_default_and_survives_its_eng
                 replies = [c.post(path, json=body) for path, body in REQUESTS]
                 assert [r.status_code for r in replies] == [200] * len(REQUESTS), replies[0].text
                 answers[topology] = [r.json() for r in replies]
-                if topology == "workers":
-                    continue
-                metrics = c.get("/metrics").text
-                assert "bertserve_engine_batch_rows_count" in metrics
-                # ... and every engine metric the Grafana dashboard plots
-                exported = set(re.findall(r"^(bertserve_engine_[a-z_]+)", metrics, re.M))
-                used = {n for n in metric_names_used() if n.startswith("bertserve_engine_")}
-                assert used and used <= exported, sorted(used - exported)
-                assert 'bertserve_requests_total{endpoint="/classify",status="200"} 1.0' in metrics
-
-                # The engine dies: readiness says so, the supervisor starts another, and a
-                # request sent meanwhile is answered (its batch is sent again to the new one).
-                # the engine is started first: the lowest pid of the supervisor's processes
-                engine, *workers = worker_pids(process.pid)
-                assert len(workers) == 2
-                os.kill(engine, signal.SIGKILL)
-                during = c.post("/classify", json={"inputs": "sent while it restarts"})
-                assert during.status_code == 200, during.text
-                deadline, statuses = time.monotonic() + 60, []
-                while time.monotonic() < deadline:
-                    statuses.append(c.get("/health/ready").status_code)
-                    if statuses[-1] == 200:
-                        break
-                    time.sleep(0.05)
-                assert statuses[-1] == 200
-                now = worker_pids(process.pid)
-                assert len(now) == 3 and engine not in now and set(workers) < set(now)
-            process.send_signal(signal.SIGTERM)
+                if topology == "engine":
+                    survives_its_engine(c, process)
+            process.send_signal(signal.SIGTERM)  # both arms stop as deployed: drained, exit 0
             assert process.wait(timeout=60) == 0
             logs = process.stdout.read()
             if topology == "engine":
@@ -264,6 +239,36 @@ def test_the_engine_process_topology_answers_as_the_default_and_survives_its_eng
             process.kill()
     for (path, _), a, b in zip(REQUESTS, answers["workers"], answers["engine"], strict=True):
         assert close(a, b), (path, a, b)
+
+
+def survives_its_engine(c, process):
+    """The engine topology's scrape has the engine's metrics; its engine dies and is
+    replaced, and a request sent meanwhile is answered."""
+    metrics = c.get("/metrics").text
+    assert "bertserve_engine_batch_rows_count" in metrics
+    # ... and every engine metric the Grafana dashboard plots
+    exported = set(re.findall(r"^(bertserve_engine_[a-z_]+)", metrics, re.M))
+    used = {n for n in metric_names_used() if n.startswith("bertserve_engine_")}
+    assert used and used <= exported, sorted(used - exported)
+    assert 'bertserve_requests_total{endpoint="/classify",status="200"} 1.0' in metrics
+
+    # The engine dies: readiness says so, the supervisor starts another, and a
+    # request sent meanwhile is answered (its batch is sent again to the new one).
+    # the engine is started first: the lowest pid of the supervisor's processes
+    engine, *workers = worker_pids(process.pid)
+    assert len(workers) == 2
+    os.kill(engine, signal.SIGKILL)
+    during = c.post("/classify", json={"inputs": "sent while it restarts"})
+    assert during.status_code == 200, during.text
+    deadline, statuses = time.monotonic() + 60, []
+    while time.monotonic() < deadline:
+        statuses.append(c.get("/health/ready").status_code)
+        if statuses[-1] == 200:
+            break
+        time.sleep(0.05)
+    assert statuses[-1] == 200
+    now = worker_pids(process.pid)
+    assert len(now) == 3 and engine not in now and set(workers) < set(now)
 
 
 @pytest.mark.slow

@@ -194,6 +194,42 @@ def unloadable_bundles(bundle_dir, tmp_path):
     return bundles
 
 
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's exit is reaped by init, or not, in a container)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("topology", ["workers", "engine process"])
+def test_a_killed_supervisor_takes_its_workers_with_it(bundle_dir, topology):
+    """SIGKILL of the supervisor (the OOM killer, `kill -9`) leaves no orphan serving on the
+    port with nobody to replace or drain it: every worker, and the engine process, exits."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {"engine_process": "true"} if topology == "engine process" else {}
+    process = start(bundle_dir, port, workers=2, **env)
+    children: list[int] = []
+    try:
+        wait_ready(url, process)
+        children = worker_pids(process.pid)
+        assert len(children) == 2 + len(env)
+        process.kill()
+        process.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while any(map(running, children)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(running, children)), [p for p in children if running(p)]
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/health/live")
+        assert "the supervisor (pid" in process.stdout.read()
+    finally:
+        process.kill()
+        for pid in filter(running, children):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_workers_that_cannot_start_stop_the_supervisor(bundle_dir, tmp_path):
     """A worker that dies before it was ever ready is not restarted in a loop: the supervisor
     stops the others and exits 1, so the orchestrator sees the failure."""
