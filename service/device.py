@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
@@ -118,6 +119,7 @@ class ModelRunner:
         self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self.observe = observe  # (parts, rows) of each call, for the metrics
         self._held: _Job | None = None  # taken from the queue but past the last call's limits
+        self.call_started: float | None = None  # monotonic start of the call running, if any
         # Answers are packed and written by a second thread, while the next call runs (the
         # model's thread spent 19% of its time writing them: a profile, session 13).
         self._replies: queue.SimpleQueue[tuple[Connection, bytes]] = queue.SimpleQueue()
@@ -152,6 +154,7 @@ class ModelRunner:
         while True:
             jobs = self._take()
             merged, spans = merge_feeds([j.feeds for j in jobs], self.spec.tokenizer.pad_id)
+            self.call_started = time.monotonic()
             try:
                 outputs = self.engine.run(merged)
             except Exception as exc:  # the call fails its batches, not the process
@@ -162,6 +165,8 @@ class ModelRunner:
             else:
                 shares = split_outputs(outputs, spans, self.spec.output_axes)
                 reply = [pack("ok", share) for share in shares]
+            finally:
+                self.call_started = None
             if self.observe is not None:
                 self.observe(len(jobs), int(merged["input_ids"].shape[0]))
             for job, answer in zip(jobs, reply, strict=True):
@@ -218,6 +223,19 @@ class EngineServer:
                 engine.provider,
                 options.threads,
             )
+
+    def watch(self, timeout_s: float, on_hang: Callable[[str, float], None]) -> None:
+        """Return once a model's call has run longer than `timeout_s`, after calling `on_hang`
+        with its name and age. A device that hangs (a CUDA kernel that never ends) would
+        otherwise hold every worker's batches forever, with the process alive and ready."""
+        while True:
+            time.sleep(min(1.0, timeout_s / 4))
+            now = time.monotonic()
+            for name, runner in self.runners.items():
+                started = runner.call_started
+                if started is not None and now - started > timeout_s:
+                    on_hang(name, now - started)
+                    return
 
     def serve(self, listener: Listener) -> None:
         while True:
@@ -289,6 +307,21 @@ def engine_main(values: dict[str, Any], address: str, ready: Any) -> None:
     server = EngineServer(settings)
     listener = Listener(address, family="AF_UNIX", backlog=256)
     threading.Thread(target=server.serve, args=(listener,), daemon=True).start()
+    if settings.engine_call_timeout_s > 0:
+
+        def exit_hung(name: str, seconds: float) -> None:
+            log.error(
+                "model %s: a call has run %.1f s, past BERTSERVE_ENGINE_CALL_TIMEOUT_S=%g: the "
+                "device is taken for hung; the engine process exits, to be replaced",
+                name,
+                seconds,
+                settings.engine_call_timeout_s,
+            )
+            logging.shutdown()  # flush the line: no thread will run after this exit
+            os._exit(3)  # the stuck call cannot be interrupted, so no clean exit will come
+
+        timeout = settings.engine_call_timeout_s
+        threading.Thread(target=server.watch, args=(timeout, exit_hung), daemon=True).start()
     ready.set()
     log.info("engine process ready on %s", address)
     stopping.wait()

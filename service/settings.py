@@ -79,6 +79,13 @@ class Settings(BaseSettings):
     engine_threads: int = Field(
         0, ge=0, description="ONNX Runtime threads of the engine process; 0: one a core"
     )
+    engine_call_timeout_s: float = Field(
+        60.0,
+        ge=0,
+        description="a call of the engine process that runs longer than this is taken for a hung "
+        "device: the engine exits, the supervisor replaces it and the workers send their "
+        "batches again, once; 0: never",
+    )
     # Set by the supervisor for its workers when engine_process is on: the engine's socket.
     engine_address: str = ""
     intra_op_threads: int = Field(

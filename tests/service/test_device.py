@@ -20,7 +20,14 @@ from prometheus_client import CollectorRegistry
 
 from service.batching import Row, pad_rows
 from service.bundle import load_bundle_spec
-from service.device import EngineServer, ModelRunner, RemoteBackend, merge_feeds, split_outputs
+from service.device import (
+    EngineServer,
+    ModelRunner,
+    RemoteBackend,
+    _Job,
+    merge_feeds,
+    split_outputs,
+)
 from service.engine import Engine, EngineOptions
 from service.errors import BackendError
 from service.settings import Settings
@@ -93,8 +100,6 @@ def test_the_runner_merges_what_queued_behind_a_busy_call_up_to_its_limits(bundl
         pad_rows(rows(spec, lengths, i), spec.tokenizer.pad_id, False)[0]
         for i, lengths in enumerate([[4], [6, 7], [8], [5, 5, 5]])
     ]
-    from service.device import _Job
-
     runner.jobs.put(_Job(pipes[0][0], batches[0]))
     assert gated.entered.wait(10)  # the first batch is in the model
     for (ours, _), feeds in zip(pipes[1:], batches[1:], strict=True):
@@ -145,6 +150,35 @@ def test_a_failed_call_fails_its_batches_and_the_engine_serves_on(engine_server)
 
 
 GREETING = object()  # stands for a right greeting: the hash is the fixture's
+
+
+def test_a_call_that_never_ends_is_taken_for_a_hung_device(engine_server):
+    """A call past ENGINE_CALL_TIMEOUT_S makes the watchdog act (in the engine process: log,
+    exit, be replaced, and the workers resend their batches once, as the SIGKILL test shows);
+    calls that end are not watched. The hang is injected: a gate that is not opened."""
+    server, _ = engine_server
+    runner = server.runners["sentiment"]
+    spec = runner.spec
+    feeds = pad_rows(rows(spec, [6], 0), spec.tokenizer.pad_id, False)[0]
+    ours, theirs = Pipe()
+    runner.jobs.put(_Job(ours, feeds))  # a normal call: it ends, nothing is watched after it
+    unpack(theirs.recv_bytes())
+    assert runner.call_started is None
+
+    gated = runner.engine = Gated(runner.engine)
+    hung: list[tuple[str, float]] = []
+    watchdog = threading.Thread(
+        target=server.watch, args=(0.3, lambda *a: hung.append(a)), daemon=True
+    )
+    watchdog.start()
+    time.sleep(0.5)
+    assert hung == []  # idle: no call is running
+    runner.jobs.put(_Job(ours, feeds))
+    assert gated.entered.wait(10)
+    watchdog.join(10)
+    assert [name for name, _ in hung] == ["sentiment"] and hung[0][1] > 0.3
+    gated.gate.set()  # let the runner thread go
+    assert unpack(theirs.recv_bytes())[0]["kind"] == "ok"
 
 
 LOADED: list[str] = []
