@@ -385,18 +385,16 @@ class RemoteBackend:
                     conn.send_bytes(pack("run", feeds))
                     answer, outputs = unpack(conn.recv_bytes())
                     break
-                except (EOFError, OSError) as exc:
-                    # The engine process went away (it is restarted by the supervisor). A model
-                    # call changes nothing, so it is safe to send again, once, to the new one.
+                except (EOFError, OSError, WireError) as exc:
                     conn.close()
                     self._conn = None
+                    if isinstance(exc, WireError):  # an answer out of format: nothing to resend
+                        raise BackendError(f"the engine process answered {exc}") from exc
+                    # The engine process went away (it is restarted by the supervisor). A model
+                    # call changes nothing, so it is safe to send again, once, to the new one.
                     if attempt == 2:
                         raise BackendError(f"the engine process went away twice: {exc}") from exc
                     log.warning("the engine process went away during a call (%s): resending", exc)
-                except WireError as exc:  # an answer out of format: nothing to resend to
-                    conn.close()
-                    self._conn = None
-                    raise BackendError(f"the engine process answered out of format: {exc}") from exc
         if answer["kind"] != "ok":
             raise BackendError(f"the engine process failed the call: {answer.get('message')}")
         return outputs

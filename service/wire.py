@@ -73,8 +73,8 @@ def unpack(message: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         size = dtype.itemsize * math.prod(shape)  # exact: no overflow
         if offset + size > len(view):
             raise WireError(f"{name}: {size} bytes of data, {len(view) - offset} left")
-        arrays[name] = np.frombuffer(view, dtype=dtype, count=size // dtype.itemsize, offset=offset)
-        arrays[name] = arrays[name].reshape(shape)
+        flat = np.frombuffer(view, dtype=dtype, count=math.prod(shape), offset=offset)
+        arrays[name] = flat.reshape(shape)
         offset += size
     if offset != len(view):
         raise WireError(f"{len(view) - offset} bytes after the last array")

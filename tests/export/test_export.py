@@ -343,7 +343,6 @@ def test_verify_takes_the_sample_as_evidence_against_the_gate_not_as_the_rate(
     gate; fp32 must agree on every one. The parity is injected: the sample's outcome is the
     fault."""
     from export import bundle as exporter
-    from export.parity import agreement_p_value
 
     bundle = tmp_path / "b"
     shutil.copytree(bundles["root"] / "qa", bundle)
@@ -356,7 +355,14 @@ def test_verify_takes_the_sample_as_evidence_against_the_gate_not_as_the_rate(
     else:
         with pytest.raises(ValueError, match="disagrees this often with probability"):
             verify(bundle)
+
+
+def test_agreement_p_value_is_the_binomial_tail_at_the_gate():
+    from export.parity import agreement_p_value
+
+    assert agreement_p_value(1.0, 21, 0.98) == 1.0
     assert agreement_p_value(20 / 21, 21, 0.98) == pytest.approx(1 - 0.98**21)
+    assert agreement_p_value(20 / 21, 21, 1.0) == 0.0  # fp32: any miss refutes the gate
     assert agreement_p_value(0.97, 5000, 0.98) < 1e-5 < 0.4 < agreement_p_value(0.98, 5000, 0.98)
 
 
