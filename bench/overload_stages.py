@@ -94,6 +94,7 @@ def main() -> None:
         "socket_errors": result["socket_errors"],
         "socket_error_kinds": result["socket_error_kinds"],
         "late_by_second": result["late_by_second"],
+        "late_parts_ms": result["late_parts_ms"],
         "recovery_per_s": [round(x) for x in result["recovery_per_s"]],
     }
     print(json.dumps(client))

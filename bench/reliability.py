@@ -99,6 +99,7 @@ def overload(server, bodies: Path, seconds: float, preconnect: int = 0) -> dict:
         "max_ms": flood.extra["max_ms"],
         "over_1s": flood.extra["over_1s"],
         "late_by_second": flood.extra["late_by_second"],
+        "late_parts_ms": flood.extra["late_parts_ms"],
         "by_status": flood.extra["by_status"],
         "client_cpu_pct": flood.client_cpu_pct,
         "rss_before_mib": before["VmRSS"],

@@ -170,6 +170,7 @@ def open_loop(
             "max_ms": raw["max_ms"],
             "over_1s": raw["over_1s"],
             "late_by_second": raw["late_by_second"],
+            "late_parts_ms": raw["late_parts_ms"],
             "by_status": raw["by_status"],
         },
     )

@@ -46,6 +46,21 @@ def _requests(url: str, bodies_path: str) -> list[tuple[bytes, bytes]]:
     return out
 
 
+def _parts(late: list[tuple[float, float, float]]) -> dict:
+    """p50 / max (ms) of each part of the late answers' time, and how many were on a connection
+    opened for them."""
+    if not late:
+        return {"n": 0}
+    parts = np.array(late) * 1000
+    out: dict = {"n": len(late), "on_new_connections": int((parts[:, 1] > 0).sum())}
+    for i, name in enumerate(("client_lag", "connect", "exchange")):
+        out[name] = [
+            round(float(np.percentile(parts[:, i], 50)), 1),
+            round(float(parts[:, i].max()), 1),
+        ]
+    return out
+
+
 def _idle_bucket(seconds: float) -> str:
     """A coarse label for how long a connection sat idle before its failed reuse."""
     for bound in (0.1, 1, 4.5, 5.5, 30):
@@ -119,6 +134,11 @@ async def run(args: argparse.Namespace) -> dict:
     answered: list[tuple[str, int]] = []  # (X-Request-ID, status), with --ids-out
     error_kinds: dict[str, int] = {}
     late_by_second: dict[int, int] = {}  # answers over 1 s, by the second they were scheduled in
+    # Where each late answer's time went: (client lag, connect, exchange) in seconds. The client
+    # lag runs from the scheduled arrival to the moment this client began the request (its own
+    # loop behind schedule), connect is the TCP connect of a fresh connection as this client's
+    # loop saw it, exchange from the request's write to its answer's last byte.
+    late_parts: list[tuple[float, float, float]] = []
     finished = asyncio.Event()
 
     def settle() -> None:
@@ -141,8 +161,17 @@ async def run(args: argparse.Namespace) -> dict:
             kind += ":fresh" if idle_for is None else f":reused-after-{_idle_bucket(idle_for)}"
         error_kinds[kind] = error_kinds.get(kind, 0) + 1
 
-    def exchange(conn: _Connection, request: bytes, scheduled: float, rid: str | None) -> None:
-        idle_for = None if conn.idle_since is None else time.perf_counter() - conn.idle_since
+    def exchange(
+        conn: _Connection,
+        request: bytes,
+        scheduled: float,
+        rid: str | None,
+        began: float | None = None,
+        connect_s: float = 0.0,
+    ) -> None:
+        written = time.perf_counter()
+        began = written if began is None else began
+        idle_for = None if conn.idle_since is None else written - conn.idle_since
 
         def done(status: int | None, keep: bool, exc: BaseException | None) -> None:
             nonlocal open_count
@@ -152,11 +181,13 @@ async def run(args: argparse.Namespace) -> dict:
                 conn.close()
                 open_count -= 1
             else:
-                latency = time.perf_counter() - scheduled
+                answered_at = time.perf_counter()
+                latency = answered_at - scheduled
                 latencies.setdefault(status, []).append(latency)
                 if latency > 1:  # when in the run the late ones were sent: a ramp, or steady
                     second = int(scheduled - start)
                     late_by_second[second] = late_by_second.get(second, 0) + 1
+                    late_parts.append((began - scheduled, connect_s, answered_at - written))
                 if rid is not None:
                     answered.append((rid, status))
                 if keep and not conn.lost:
@@ -177,6 +208,7 @@ async def run(args: argparse.Namespace) -> dict:
 
     async def connect_then(request: bytes, scheduled: float, rid: str | None) -> None:
         nonlocal open_count
+        began = time.perf_counter()
         try:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(_Connection, host, port), args.timeout
@@ -186,7 +218,7 @@ async def run(args: argparse.Namespace) -> dict:
             open_count -= 1
             settle()
             return
-        exchange(conn, request, scheduled, rid)
+        exchange(conn, request, scheduled, rid, began, time.perf_counter() - began)
 
     # Connections opened before the schedule starts: the flood without its opening storm of
     # connects (the late answers of a run's first second are that storm's).
@@ -273,6 +305,7 @@ async def run(args: argparse.Namespace) -> dict:
             for k, v in sorted(latencies.items())
         },
         "late_by_second": dict(sorted(late_by_second.items())),
+        "late_parts_ms": _parts(late_parts),
         "client_cpu_s": (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime),
     }
 
