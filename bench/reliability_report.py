@@ -21,6 +21,18 @@ def _late(o: dict) -> str:
     return shown + (f", {rest} in {len(late) - len(top)} other seconds" if rest else "")
 
 
+def _late_parts(o: dict) -> str:
+    """Where the late answers' time went, as the load generator split it (median ms)."""
+    parts = o.get("late_parts_ms") or {}
+    if not parts.get("n"):
+        return ""
+    return (
+        f" ({parts['on_new_connections']} of {parts['n']} on connections opened for them; "
+        f"median ms in the client before sending {parts['client_lag'][0]}, connecting "
+        f"{parts['connect'][0]}, from the request's write to its answer {parts['exchange'][0]})"
+    )
+
+
 def write_report(r: dict, out: Path) -> None:
     o, h, s = r["overload"], r["hostile"], r["sigterm"]
     f, st, d = r["failing_backend"], r["stalled_backend"], r["client_disconnects"]
@@ -98,10 +110,12 @@ def write_report(r: dict, out: Path) -> None:
         "(`BERTSERVE_MAX_QUEUE_WAIT_MS` of work at admission, `BERTSERVE_MAX_QUEUE_TIME_MS` for "
         "a request still waiting for its turn, then 429 without running) keep the queue waits "
         "under 1 s. The answers still later than 1 s, by the second of the flood they were "
-        f"sent in: {_late(o)}. With the client's 2,048 connections opened before the flood "
-        "(`python -m bench.overload_stages --preconnect 2048`), two 30 s floods had none: what "
-        "is left is the storm of new connections in the flood's first second (docs/"
-        "performance.md, session 12).",
+        f"sent in: {_late(o)}{_late_parts(o)}. Until session 15 such answers came from the "
+        "storm of new connections in the flood's first second: libuv (under uvloop) accepts "
+        "one connection per event-loop iteration, so a loaded worker left them up to seconds "
+        "in the kernel's accept queue. Each worker now also takes its share of that queue each "
+        "time the socket is ready (`ACCEPT_BURST` in service/server.py; docs/performance.md, "
+        "session 15).",
         "",
         "Socket errors: runs before session 12 had 0-40 in 60 s. The 53 that session 12's "
         "instrumented load generator classified were every one a request reset on a "

@@ -9,6 +9,7 @@ import json
 import logging
 import resource
 import socket
+import struct
 import sys
 import time
 from types import FrameType
@@ -79,6 +80,41 @@ def ready_text(facts: dict) -> str:
 # sends at once; one that sends nothing is closed when this ends.
 SWEEP_WAIT_S = 5.0
 
+# New connections a worker takes each time its listening socket is ready: its share of the
+# kernel's accept queue (the queue's length over the workers on the socket), at most this many.
+# libuv, under uvloop, accepts one connection per event-loop iteration (libuv 1.45, PR #3696),
+# and a loaded worker's iteration takes 1-10 ms, so a storm of new connections waited in the
+# accept queue: in the student's cold-start flood, 2,048 connections opened in half a second
+# waited 1.7 s at the median before a worker accepted them (docs/performance.md, session 15).
+# A share, not all that waits, so the workers split a burst of connections evenly (one that
+# took all of wrk's 32 served them alone, at 0.6x); bounded, so a storm cannot hold a loop from
+# the requests of the connections it already has.
+ACCEPT_BURST = 64
+# How long the acceptor steps aside when accept() fails for want of descriptors or memory
+# (libuv's own accept, which stays on, answers that case by closing the connection).
+ACCEPT_BACKOFF_S = 0.1
+
+
+def accept_share(waiting: int, slot: int | None = None, counts=None) -> int:
+    """How many of the `waiting` connections a worker takes now: alone on its socket, all of them
+    (at most ACCEPT_BURST); beside other workers, up to its fair share of all their connections,
+    the waiting ones included, so one that is ahead leaves them to the others. `counts`: every
+    worker's open connections, its own (`slot`) current."""
+    if counts is None or slot is None:
+        return min(ACCEPT_BURST, waiting)
+    fair = -(-(sum(counts) + waiting) // len(counts))
+    return max(0, min(ACCEPT_BURST, waiting, fair - counts[slot]))
+
+
+def accept_queue_length(listener: socket.socket) -> int | None:
+    """Connections waiting in a listening TCP socket's accept queue (Linux reports it as
+    `tcpi_unacked` of TCP_INFO, what `ss -l` shows as Recv-Q); None where it cannot be read."""
+    try:
+        info = listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 32)
+    except (OSError, AttributeError):  # not TCP, or not Linux
+        return None
+    return struct.unpack_from("I", info, 24)[0] if len(info) >= 28 else None
+
 
 class DrainingServer(uvicorn.Server):
     """uvicorn, with a first SIGTERM that drains instead of cutting in-flight requests, and a
@@ -91,13 +127,17 @@ class DrainingServer(uvicorn.Server):
         drain_timeout: float,
         slot: int | None = None,
         ready_flags=None,
+        connection_counts=None,
     ) -> None:
         super().__init__(config)
         self.state, self.drain_timeout = state, drain_timeout
         self.slot, self.ready_flags = slot, ready_flags
+        self.connection_counts = connection_counts  # every worker's open connections, shared
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._listeners: list[socket.socket] = []
+        self._accepting: set[int] = set()  # listeners' descriptors the acceptor watches
+        self._adopting: set[asyncio.Task] = set()  # accepted, their transports being made
 
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -115,16 +155,87 @@ class DrainingServer(uvicorn.Server):
                 for s in server.sockets
             ]
             loop = asyncio.get_running_loop()
+            for listener in self._listeners:
+                if accept_queue_length(listener) is not None:
+                    self._watch(listener)
             if self.ready_flags is not None:
                 self._tasks.append(loop.create_task(self._publish_readiness()))
             if self.slot in (None, 0):  # one worker speaks for all
                 self._tasks.append(loop.create_task(self._announce()))
+
+    # --- accepting in bursts (ACCEPT_BURST) -----------------------------------------------------
+
+    def _protocol(self) -> asyncio.Protocol:
+        config = self.config
+        return config.http_protocol_class(  # type: ignore[call-arg]
+            config=config, server_state=self.server_state, app_state=self.lifespan.state
+        )
+
+    def _watch(self, listener: socket.socket) -> None:
+        listener.setblocking(False)
+        asyncio.get_running_loop().add_reader(listener.fileno(), self._accept_burst, listener)
+        self._accepting.add(listener.fileno())
+
+    def _unwatch(self, listener: socket.socket) -> None:
+        fd = listener.fileno()
+        if fd in self._accepting:
+            self._accepting.discard(fd)
+            asyncio.get_running_loop().remove_reader(fd)
+
+    def _accept_burst(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        counts = self.connection_counts
+        if counts is not None and self.slot is not None:
+            counts[self.slot] = len(self.server_state.connections) + len(self._adopting)
+        for _ in range(accept_share(accept_queue_length(listener) or 1, self.slot, counts)):
+            try:
+                conn, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return  # the queue is empty (or libuv's accept took the last one)
+            except ConnectionAbortedError:
+                continue
+            except OSError:  # out of descriptors or memory: ready again at once, so step aside
+                self._unwatch(listener)
+                loop.call_later(ACCEPT_BACKOFF_S, self._rewatch, listener)
+                return
+            task = loop.create_task(self._adopt(conn))
+            self._adopting.add(task)
+            task.add_done_callback(self._adopting.discard)
+
+    def _rewatch(self, listener: socket.socket) -> None:
+        if listener.fileno() >= 0 and not self.state.draining and not self.should_exit:
+            self._watch(listener)
+
+    async def _adopt(self, conn: socket.socket) -> asyncio.BaseTransport | None:
+        """An accepted connection served as uvicorn serves its own: the same protocol, counted
+        in the same connections (so a drain and the shutdown reach it)."""
+        try:
+            transport, _ = await asyncio.get_running_loop().connect_accepted_socket(
+                self._protocol, conn
+            )
+        except OSError:  # reset before it could be set up
+            conn.close()
+            return None
+        return transport
+
+    def stop_accepting(self) -> None:
+        """This process accepts no more connections (other holders of the socket may)."""
+        for server in self.servers:
+            server.close()
+        for listener in self._listeners:
+            self._unwatch(listener)
+
+    async def shutdown(self, sockets=None) -> None:
+        self.stop_accepting()
+        await super().shutdown(sockets)
 
     async def _publish_readiness(self) -> None:
         """This worker's own readiness, in its slot: every worker's /health/ready reads all."""
         assert self.ready_flags is not None and self.slot is not None
         while True:
             self.ready_flags[self.slot] = 1 if self.state.ready_here else 0
+            if self.connection_counts is not None:
+                self.connection_counts[self.slot] = len(self.server_state.connections)
             await asyncio.sleep(0.05)
 
     async def _announce(self) -> None:
@@ -166,16 +277,7 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
     async def _take_backlog(self, deadline: float) -> int:
-        for server in self.servers:
-            server.close()  # this process accepts no more; other holders of the socket may
-        loop = asyncio.get_running_loop()
-        config, state = self.config, self.server_state
-
-        def protocol() -> asyncio.Protocol:
-            return config.http_protocol_class(  # type: ignore[call-arg]
-                config=config, server_state=state, app_state=self.lifespan.state
-            )
-
+        self.stop_accepting()
         transports = []
         for listener in self._listeners:
             listener.setblocking(False)
@@ -184,8 +286,9 @@ class DrainingServer(uvicorn.Server):
                     conn, _ = listener.accept()
                 except OSError:  # BlockingIOError: the queue is empty
                     break
-                transport, _ = await loop.connect_accepted_socket(protocol, conn)
-                transports.append(transport)
+                transport = await self._adopt(conn)
+                if transport is not None:
+                    transports.append(transport)
             listener.close()
         # Their requests get the draining 503 and the protocol closes them; a client that
         # connected and sends nothing is closed at the deadline (or by the shutdown).
@@ -265,6 +368,7 @@ def run_worker(
     sockets: list[socket.socket] | None = None,
     slot: int | None = None,
     ready_flags=None,
+    connection_counts=None,
 ) -> int:
     """Serve until SIGTERM has drained: alone (binding the port itself), or as worker `slot` of
     the supervisor's, on its shared listening socket, with every worker's readiness in
@@ -281,6 +385,8 @@ def run_worker(
         state.peers_ready = lambda: all(ready_flags)
     raise_open_files(settings.max_connections)
     config = uvicorn_config(app, settings)
-    server = DrainingServer(config, state, settings.drain_timeout_s, slot, ready_flags)
+    server = DrainingServer(
+        config, state, settings.drain_timeout_s, slot, ready_flags, connection_counts
+    )
     server.run(sockets=sockets)
     return 0 if server.started else 1

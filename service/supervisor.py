@@ -64,12 +64,14 @@ def engine_process_main(values: dict[str, Any], address: str, ready: Any) -> Non
     engine_main(values, address, ready)
 
 
-def worker_main(values: dict[str, Any], sock: socket.socket, slot: int, ready_flags: Any) -> None:
+def worker_main(
+    values: dict[str, Any], sock: socket.socket, slot: int, ready_flags: Any, connections: Any
+) -> None:
     from service.server import run_worker
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which drains
     stop_with_the_supervisor()
-    raise SystemExit(run_worker(Settings(**values), [sock], slot, ready_flags))
+    raise SystemExit(run_worker(Settings(**values), [sock], slot, ready_flags, connections))
 
 
 class Supervisor:
@@ -78,6 +80,9 @@ class Supervisor:
         self.count = settings.worker_count
         # One readiness byte a worker, and one for the engine process if there is one.
         self.ready = SPAWN.Array("b", self.count + settings.engine_process, lock=False)
+        # Each worker's open connections, so that each accepts its share of new ones
+        # (service.server.ACCEPT_BURST).
+        self.connections = SPAWN.Array("i", self.count, lock=False)
         self.engine: Any = None
         self.engine_ready: Any = None
         self.engine_served = False
@@ -147,11 +152,14 @@ class Supervisor:
 
     def start(self, slot: int, sock: socket.socket) -> None:
         self.ready[slot] = 0
+        self.connections[slot] = 0
         self.served[slot] = False
         values = self.values()
         values["port"] = sock.getsockname()[1]
         process = SPAWN.Process(
-            target=worker_main, args=(values, sock, slot, self.ready), name=f"bertserve-{slot}"
+            target=worker_main,
+            args=(values, sock, slot, self.ready, self.connections),
+            name=f"bertserve-{slot}",
         )
         process.start()
         self.workers[slot] = process

@@ -18,6 +18,7 @@ import pytest
 
 from service.errors import NotReady
 from service.protocol import encode
+from service.server import ACCEPT_BURST, accept_share
 from tests.helpers.server import live_server
 from tests.service.test_behaviour import metric, until, wrap
 
@@ -200,11 +201,7 @@ def test_a_drain_answers_the_accept_queue_before_it_closes_the_listener(bundle_d
         server.state.draining = True
         loop = server._loop
 
-        async def stop_accepting() -> None:
-            for s in server.servers:
-                s.close()
-
-        asyncio.run_coroutine_threadsafe(stop_accepting(), loop).result(10)
+        asyncio.run_coroutine_threadsafe(_call(server.stop_accepting), loop).result(10)
         queued = [connect(live) for _ in range(5)]  # complete in the kernel, not yet accepted
         for i, sock in enumerate(queued):
             sock.sendall(post("/classify", x_request_id=f"queued-{i}"))
@@ -219,6 +216,60 @@ def test_a_drain_answers_the_accept_queue_before_it_closes_the_listener(bundle_d
             sock.close()
         with pytest.raises(ConnectionRefusedError):
             connect(live)
+
+
+def test_a_storm_of_new_connections_is_accepted_in_a_few_loop_iterations(bundle_dir):
+    """libuv accepts one connection per event-loop iteration, and a loaded loop's iteration
+    takes milliseconds, so a storm of new connections waited seconds in the kernel's accept
+    queue. Here every iteration is made to take 5 ms: 200 connections are accepted in a few
+    iterations (one per iteration would need 200), and each is served."""
+    n = 200
+    with live_server(bundles=bundle_dir, draining=True) as live:
+        server, loop = live.server, live.server._loop
+        iterations, stop = [0], threading.Event()
+
+        def slow_iteration() -> None:  # scheduled again from itself: runs once an iteration
+            iterations[0] += 1
+            time.sleep(0.005)
+            if not stop.is_set():
+                loop.call_soon(slow_iteration)
+
+        loop.call_soon_threadsafe(slow_iteration)
+        time.sleep(0.05)
+        start = iterations[0]
+        socks = [connect(live) for _ in range(n)]  # complete in the kernel at once
+        try:
+            deadline = time.monotonic() + 30
+            while len(server.server_state.connections) < n and time.monotonic() < deadline:
+                time.sleep(0.001)
+            used = iterations[0] - start
+            stop.set()
+            assert len(server.server_state.connections) == n
+            assert used < n // 4, f"{used} loop iterations to accept {n} connections"
+            for i, sock in enumerate(socks):
+                sock.sendall(post("/classify", x_request_id=f"storm-{i}"))
+                status, headers, _ = read_response(sock)
+                assert (status, headers["x-request-id"]) == (200, f"storm-{i}")
+        finally:
+            stop.set()
+            for sock in socks:
+                sock.close()
+
+
+@pytest.mark.parametrize(
+    ("waiting", "slot", "counts", "share"),
+    [
+        (5, None, None, 5),  # alone on the socket: all that waits
+        (500, None, None, ACCEPT_BURST),  # at most a burst a wake-up
+        (32, 0, [0, 0], 16),  # two idle workers split a burst of connections
+        (16, 1, [16, 0], 16),  # the one behind takes what is left
+        (10, 0, [40, 10], 0),  # the one ahead leaves them to the other
+        (30, 0, [20, 10], 10),  # ... or takes only what brings it to its share
+        (3, 2, [5, 5, 0], 3),  # a worker that replaced a dead one catches up
+    ],
+)
+def test_a_worker_accepts_its_share_of_the_waiting_connections(waiting, slot, counts, share):
+    assert accept_share(waiting, slot, counts) == share
 
 
 def test_an_idle_connection_with_a_request_waiting_is_not_closed_by_the_keep_alive_timer(
