@@ -187,7 +187,9 @@ async def run(args: argparse.Namespace) -> dict:
                 if latency > 1:  # when in the run the late ones were sent: a ramp, or steady
                     second = int(scheduled - start)
                     late_by_second[second] = late_by_second.get(second, 0) + 1
-                    late_parts.append((began - scheduled, connect_s, answered_at - written))
+                    # (the sleep to an arrival can end a fraction of a millisecond early)
+                    lag = max(0.0, began - scheduled)
+                    late_parts.append((lag, connect_s, answered_at - written))
                 if rid is not None:
                     answered.append((rid, status))
                 if keep and not conn.lost:
