@@ -221,28 +221,30 @@ def test_a_drain_answers_the_accept_queue_before_it_closes_the_listener(bundle_d
 def test_a_storm_of_new_connections_is_accepted_in_a_few_loop_iterations(bundle_dir):
     """libuv accepts one connection per event-loop iteration, and a loaded loop's iteration
     takes milliseconds, so a storm of new connections waited seconds in the kernel's accept
-    queue. Here every iteration is made to take 5 ms: 200 connections are accepted in a few
-    iterations (one per iteration would need 200), and each is served."""
+    queue. Here the loop is held while 200 connections complete in the kernel, then every
+    iteration is made to take 5 ms: they are accepted in a few iterations (one per iteration
+    would need 200), and each is served."""
     n = 200
     with live_server(bundles=bundle_dir, draining=True) as live:
         server, loop = live.server, live.server._loop
-        iterations, stop = [0], threading.Event()
+        iterations, go, stop = [0], threading.Event(), threading.Event()
 
         def slow_iteration() -> None:  # scheduled again from itself: runs once an iteration
+            go.wait(30)  # the first run holds the loop until every connection is queued
             iterations[0] += 1
             time.sleep(0.005)
             if not stop.is_set():
                 loop.call_soon(slow_iteration)
 
         loop.call_soon_threadsafe(slow_iteration)
-        time.sleep(0.05)
-        start = iterations[0]
-        socks = [connect(live) for _ in range(n)]  # complete in the kernel at once
+        socks = []
         try:
+            socks += [connect(live) for _ in range(n)]  # complete in the kernel, not accepted
+            go.set()
             deadline = time.monotonic() + 30
             while len(server.server_state.connections) < n and time.monotonic() < deadline:
                 time.sleep(0.001)
-            used = iterations[0] - start
+            used = iterations[0]
             stop.set()
             assert len(server.server_state.connections) == n
             assert used < n // 4, f"{used} loop iterations to accept {n} connections"
@@ -251,6 +253,7 @@ def test_a_storm_of_new_connections_is_accepted_in_a_few_loop_iterations(bundle_
                 status, headers, _ = read_response(sock)
                 assert (status, headers["x-request-id"]) == (200, f"storm-{i}")
         finally:
+            go.set()
             stop.set()
             for sock in socks:
                 sock.close()
