@@ -259,6 +259,44 @@ def test_a_storm_of_new_connections_is_accepted_in_a_few_loop_iterations(bundle_
                 sock.close()
 
 
+def test_an_accept_that_fails_for_want_of_descriptors_steps_aside_and_comes_back(
+    bundle_dir, monkeypatch
+):
+    """accept() failing with EMFILE leaves the socket ready, so retrying at once would spin the
+    loop: the acceptor stops watching for ACCEPT_BACKOFF_S (libuv's own accept still serves),
+    then watches again."""
+    import errno
+
+    from service import server as server_module
+
+    monkeypatch.setattr(server_module, "ACCEPT_BACKOFF_S", 1.0)
+    with live_server(bundles=bundle_dir, draining=True) as live:
+        server = live.server
+        (fd,) = server._accepting
+        failures = []
+
+        def no_descriptors(self):
+            failures.append(1)
+            raise OSError(errno.EMFILE, "Too many open files")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(socket.socket, "accept", no_descriptors)
+            with connect(live) as sock:
+                sock.sendall(post("/classify", x_request_id="emfile"))
+                status, headers, _ = read_response(sock)
+                assert (status, headers["x-request-id"]) == (200, "emfile")
+        assert failures  # the acceptor tried once ...
+        assert fd not in server._accepting  # ... stepped aside ...
+        deadline = time.monotonic() + 5
+        while fd not in server._accepting and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert fd in server._accepting  # ... and came back
+        assert len(failures) == 1
+        with connect(live) as sock:
+            sock.sendall(post("/classify"))
+            assert read_response(sock)[0] == 200
+
+
 @pytest.mark.parametrize(
     ("waiting", "slot", "counts", "share"),
     [
