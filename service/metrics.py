@@ -2,9 +2,9 @@
 
 With several serving processes (service.supervisor), prometheus_client's multiprocess mode
 keeps each process's values in files under PROMETHEUS_MULTIPROC_DIR and any process's /metrics
-reads them all: counters and histograms are summed over the processes; gauges say how:
-queue depth and in-flight requests are summed over the live processes, `bertserve_ready` is the
-minimum (1 only when every process is ready), model info the maximum.
+reads them all: counters and histograms are summed over the processes; gauges say how: queue
+depth, in-flight requests and open connections are summed over the live processes,
+`bertserve_ready` is the minimum (1 only when every process is ready), model info the maximum.
 """
 
 from __future__ import annotations
@@ -135,6 +135,13 @@ class Metrics:
         self.in_flight = Gauge(
             "bertserve_in_flight_requests",
             "Requests being handled (summed over the serving processes)",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.open_connections = Gauge(
+            "bertserve_open_connections",
+            "Client connections open (summed over the serving processes; each process refuses "
+            "past BERTSERVE_MAX_CONNECTIONS of its own)",
             registry=r,
             multiprocess_mode="livesum",
         )

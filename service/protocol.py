@@ -47,6 +47,7 @@ TIMEOUT_RESPONSE = encode(
 )
 Gate = Callable[[str, str, int], "ServiceError | None"]  # (method, path, connections) -> refusal
 Refused = Callable[[str, ServiceError], None]  # count it: (path, refusal)
+Opened = Callable[[int], None]  # a connection opened (+1) or closed (-1)
 
 
 def guarded_protocol(
@@ -54,8 +55,10 @@ def guarded_protocol(
     gate: Gate | None = None,
     refused: Refused | None = None,
     refusal_delay: float = 0.0,
+    opened: Opened | None = None,
 ) -> type[HttpToolsProtocol]:
-    """The protocol class for one server, with its own timeout, gate and refusal delay."""
+    """The protocol class for one server, with its own timeout, gate, refusal delay and count
+    of open connections."""
     return type(
         "GuardedProtocol",
         (GuardedProtocol,),
@@ -63,6 +66,7 @@ def guarded_protocol(
             "header_timeout": header_timeout,
             "gate": staticmethod(gate) if gate else None,
             "refused": staticmethod(refused) if refused else None,
+            "opened": staticmethod(opened) if opened else None,
             "refusal_delay": refusal_delay,
         },
     )
@@ -72,6 +76,7 @@ class GuardedProtocol(HttpToolsProtocol):
     header_timeout = 10.0
     gate: Gate | None = None
     refused: Refused | None = None
+    opened: Opened | None = None
     refusal_delay = 0.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -86,6 +91,8 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if self.opened is not None:
+            self.opened(1)
         self._arm()
 
     def on_message_begin(self) -> None:
@@ -95,6 +102,8 @@ class GuardedProtocol(HttpToolsProtocol):
             self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.opened is not None:
+            self.opened(-1)
         self._disarm()
         self._release()  # the transport is closed: this drops a held refusal and its timer
         # uvicorn disarms the keep-alive timer only on a clean close; after a reset it fired on

@@ -352,6 +352,7 @@ def uvicorn_config(app, settings: Settings) -> uvicorn.Config:
             state.refusal,
             functools.partial(count_refusal, state),
             settings.refusal_delay_ms / 1000,
+            state.metrics.open_connections.inc,
         ),
         loop="auto",
         access_log=False,

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -159,6 +160,15 @@ def test_workers_share_the_port_metrics_and_readiness_and_a_dead_one_is_replaced
             assert 'bertserve_requests_total{endpoint="/classify",status="200"} 40.0' in text
             assert 'bertserve_request_duration_seconds_count{endpoint="/classify"} 40.0' in text
             assert "bertserve_ready 1.0" in text
+            # Open connections, summed over both processes: ten that send nothing, and this
+            # client's own (the 40 fresh clients have closed theirs).
+            idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(10)]
+            try:
+                assert settles(lambda: open_connections(c), 11)
+            finally:
+                for sock in idle:
+                    sock.close()
+            assert settles(lambda: open_connections(c), 1)
 
             os.kill(pids[0], signal.SIGKILL)
             saw_not_ready = False
@@ -182,6 +192,21 @@ def test_workers_share_the_port_metrics_and_readiness_and_a_dead_one_is_replaced
         assert "died with -9: replacing it" in process.stdout.read()
     finally:
         process.kill()
+
+
+def open_connections(client: httpx.Client) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("bertserve_open_connections "):
+            return float(line.split()[1])
+    raise AssertionError("no bertserve_open_connections in /metrics")
+
+
+def settles(read, expected: float, timeout: float = 5.0) -> bool:
+    """`read()` reaches `expected` within `timeout` (connections close asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while (value := read()) != expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return value == expected
 
 
 def unloadable_bundles(bundle_dir, tmp_path):

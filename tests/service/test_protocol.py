@@ -174,6 +174,22 @@ def test_past_the_connection_cap_a_request_gets_503_and_its_connection_closes(bu
         second.close()
 
 
+def test_open_connections_are_counted_in_the_metrics(bundle_dir):
+    """bertserve_open_connections counts client connections as they open and close, the
+    figure to watch against BERTSERVE_MAX_CONNECTIONS (each scrape adds its own connection)."""
+    with live_server(bundles=bundle_dir) as live:
+        connections = live.server.server_state.connections
+        asyncio.run(until(lambda: not connections))
+        assert metric(live, "bertserve_open_connections") == 1
+        socks = [connect(live) for _ in range(3)]
+        asyncio.run(until(lambda: len(connections) == 3))
+        assert metric(live, "bertserve_open_connections") == 4
+        for sock in socks:
+            sock.close()
+        asyncio.run(until(lambda: not connections))
+        assert metric(live, "bertserve_open_connections") == 1
+
+
 def test_probes_and_metrics_pass_every_gate(bundle_dir):
     with live_server(bundles=bundle_dir, max_connections=1) as live:
         live.state.draining = True
