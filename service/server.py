@@ -84,8 +84,9 @@ SWEEP_WAIT_S = 5.0
 # of all the workers' connections, the waiting ones included (accept_share), at most this many.
 # libuv, under uvloop, accepts one connection per event-loop iteration (libuv 1.45, PR #3696),
 # and a loaded worker's iteration takes milliseconds (p90 11-17 ms in a flood), so a storm of
-# new connections waited in the kernel's accept queue: in the student's cold-start flood, 2,048 connections opened in half a second
-# waited 1.7 s at the median before a worker accepted them (docs/performance.md, session 15).
+# new connections waited in the kernel's accept queue: in the student's cold-start flood,
+# 2,048 connections opened in half a second waited 1.7 s at the median before a worker accepted
+# them (docs/performance.md, session 15).
 # A share, not all that waits, so the workers split a burst of connections evenly (one that
 # took all of wrk's 32 served them alone, at 0.6x); bounded, so a storm cannot hold a loop from
 # the requests of the connections it already has.
