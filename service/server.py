@@ -87,9 +87,10 @@ SWEEP_WAIT_S = 5.0
 # new connections waited in the kernel's accept queue: in the student's cold-start flood,
 # 2,048 connections opened in half a second waited 1.7 s at the median before a worker accepted
 # them (docs/performance.md, session 15).
-# A share, not all that waits, so the workers split a burst of connections evenly (one that
-# took all of wrk's 32 served them alone, at 0.6x); bounded, so a storm cannot hold a loop from
-# the requests of the connections it already has.
+# A share, not all that waits, so a fast worker does not take what the others should (a first
+# version that took all split wrk's 32 connections as unevenly as 22 / 10 and served 0.60-0.65x
+# at 32 connections in its one A/B); bounded, so a storm cannot hold a loop from the requests of
+# the connections it already has.
 ACCEPT_BURST = 64
 # How long the acceptor steps aside when accept() fails for want of descriptors or memory
 # (libuv's own accept, which stays on, answers that case by closing the connection).
@@ -185,10 +186,10 @@ class DrainingServer(uvicorn.Server):
 
     def _accept_burst(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
-        counts = self.connection_counts
-        if counts is not None and self.slot is not None:
-            counts[self.slot] = len(self.server_state.connections) + len(self._adopting)
-        for _ in range(accept_share(accept_queue_length(listener) or 1, self.slot, counts)):
+        self._publish_connections()
+        # 0 or unreadable: libuv's accept may have taken it meanwhile; try one all the same.
+        waiting = accept_queue_length(listener) or 1
+        for _ in range(accept_share(waiting, self.slot, self.connection_counts)):
             try:
                 conn, _ = listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -202,6 +203,13 @@ class DrainingServer(uvicorn.Server):
             task = loop.create_task(self._adopt(conn))
             self._adopting.add(task)
             task.add_done_callback(self._adopting.discard)
+
+    def _publish_connections(self) -> None:
+        """This worker's open connections (the ones being set up included), in its slot of the
+        shared counts the workers split new connections by."""
+        if self.connection_counts is not None and self.slot is not None:
+            mine = len(self.server_state.connections) + len(self._adopting)
+            self.connection_counts[self.slot] = mine
 
     def _rewatch(self, listener: socket.socket) -> None:
         if listener.fileno() >= 0 and not self.state.draining and not self.should_exit:
@@ -235,8 +243,7 @@ class DrainingServer(uvicorn.Server):
         assert self.ready_flags is not None and self.slot is not None
         while True:
             self.ready_flags[self.slot] = 1 if self.state.ready_here else 0
-            if self.connection_counts is not None:
-                self.connection_counts[self.slot] = len(self.server_state.connections)
+            self._publish_connections()  # closed ones too, between the acceptor's wake-ups
             await asyncio.sleep(0.05)
 
     async def _announce(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import socket
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from service import server as server_module
 from service.errors import NotReady
 from service.protocol import encode
 from service.server import ACCEPT_BURST, accept_share
@@ -281,10 +283,6 @@ def test_an_accept_that_fails_for_want_of_descriptors_steps_aside_and_comes_back
     """accept() failing with EMFILE leaves the socket ready, so retrying at once would spin the
     loop: the acceptor stops watching for ACCEPT_BACKOFF_S (libuv's own accept still serves),
     then watches again."""
-    import errno
-
-    from service import server as server_module
-
     monkeypatch.setattr(server_module, "ACCEPT_BACKOFF_S", 1.0)
     with live_server(bundles=bundle_dir, draining=True) as live:
         server = live.server
