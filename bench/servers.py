@@ -24,6 +24,8 @@ PEERS = {
     "ray-serve": "bench.peers.ray_peer",
 }
 OURS = "bertserve"
+# Servers a bench runs beside bertserve that are not peers (they serve no model).
+PROBES = {"http-floor": "bench.peers.floor"}
 
 
 @dataclass
@@ -51,7 +53,8 @@ def only_bundles(source: Path, names: list[str], out: Path) -> Path:
 def command(name: str, bundles: Path, bundle: Path, port: int) -> list[str]:
     if name == OURS:
         return [sys.executable, "-m", "service", "--bundles", str(bundles), "--port", str(port)]
-    return [sys.executable, "-m", PEERS[name], "--bundle", str(bundle), "--port", str(port)]
+    module = PEERS.get(name) or PROBES[name]
+    return [sys.executable, "-m", module, "--bundle", str(bundle), "--port", str(port)]
 
 
 @contextmanager

@@ -166,7 +166,23 @@ def count_refusal(state: ServiceState, path: str, error: ServiceError) -> None:
     state.metrics.request_done(path if path in ENDPOINTS else "other", error.status, None)
 
 
-def create_app(settings: Settings) -> FastAPI:
+class ServiceApp(FastAPI):
+    """FastAPI with the service's own middleware in front of FastAPI's stack, not inside it.
+
+    Starlette builds every `add_middleware` layer inside its own error and telemetry layers,
+    which cost each request a few calls and a look-up of OpenTelemetry's providers in the
+    environment (docs/performance.md, session 16). In front, a task request that the fast path
+    answers never enters FastAPI; everything else goes on to it as before. An exception that
+    escapes a route is still answered by FastAPI's error layer (`bug` below), now through
+    `RequestContext`, so its 500 carries the request id."""
+
+    front: ASGIApp
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.front(scope, receive, send)
+
+
+def create_app(settings: Settings) -> ServiceApp:
     state = ServiceState(settings, Metrics())
 
     @asynccontextmanager
@@ -177,7 +193,7 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             await state.stop()
 
-    app = FastAPI(
+    app = ServiceApp(
         title="bertserve",
         version="0.1.0",
         lifespan=lifespan,
@@ -214,7 +230,8 @@ def create_app(settings: Settings) -> FastAPI:
     async def bug(_: Request, exc: Exception) -> JSONResponse:
         return internal_error_response(state.metrics)
 
-    app.add_middleware(FastPath, state=state)  # innermost: after the body limit
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, timeout=settings.body_timeout_s)
-    app.add_middleware(RequestContext, state=state)  # outermost: sees every response
+    framework = super(ServiceApp, app).__call__
+    fast = FastPath(framework, state)  # innermost: after the body limit
+    limited = BodyLimit(fast, limit=settings.max_body_bytes, timeout=settings.body_timeout_s)
+    app.front = RequestContext(limited, state)  # outermost: sees every response
     return app

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 
-from starlette.types import Message, Receive
+from starlette.types import Message, Receive, Scope
 
 # A client's X-Request-ID is kept when it is plainly an id: it goes into logs and headers.
 SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+# The scope extension through which bertserve's protocol (service.protocol) hands a request a
+# future that completes when its connection is lost: a request waiting for the model awaits it
+# with a callback, where watching `receive` for "http.disconnect" takes a task a request.
+CONNECTION_LOST = "bertserve.connection_lost"
+
+
+def connection_lost(scope: Scope) -> asyncio.Future[None] | None:
+    """The future that completes when this request's connection is lost; None under a server
+    that does not provide one."""
+    extension = (scope.get("extensions") or {}).get(CONNECTION_LOST)
+    return extension["future"] if extension else None
 
 
 def replaying(first: Message, receive: Receive) -> Receive:

@@ -28,7 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
-from service.errors import BackendError, DeadlineExceeded, NotReady, Overloaded
+from service.errors import BackendError, ClientGone, DeadlineExceeded, NotReady, Overloaded
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -132,6 +132,8 @@ class Batcher:
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{name}")
         self._task: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._running: list[_Item] = []  # the batch the model has now
         self._stopping = False
         self.restarts = 0
         self.consecutive_failures = 0  # model calls that raised since the last that did not
@@ -156,10 +158,11 @@ class Batcher:
     # --- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(
-            self._loop(), name=f"batcher-{self.name}"
-        )
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._loop(), name=f"batcher-{self.name}")
         self._task.add_done_callback(self._on_loop_exit)
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = loop.create_task(self._watch(), name=f"deadlines-{self.name}")
 
     @property
     def alive(self) -> bool:
@@ -175,9 +178,11 @@ class Batcher:
 
     async def stop(self) -> None:
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [t for t in (self._task, self._watchdog) if t is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
         self._fail_all(NotReady("shutting down"))
         self._executor.shutdown(wait=False, cancel_futures=True)
 
@@ -206,9 +211,10 @@ class Batcher:
 
     # --- requests -----------------------------------------------------------------------------
 
-    async def submit(self, rows: list[Row]) -> list[RowResult]:
-        """Enqueue a request's rows and wait for all of them; raises 429 past the admission
-        limit, 504 past the deadline. Cancelling the awaiting task cancels its rows."""
+    def enqueue(self, rows: list[Row]) -> list[asyncio.Future[RowResult]]:
+        """Queue a request's rows; one future a row. Raises 429 past the admission limit.
+        Cancelling a future drops its row if the model has not taken it yet; a row still
+        unanswered at the deadline fails with a 504 (`_watch`)."""
         refused = self.refusal(len(rows))
         if refused is not None:
             raise Overloaded(f"{refused}; retry shortly", headers={"Retry-After": "1"})
@@ -219,20 +225,12 @@ class Batcher:
         self._items.extend(items)
         self._depth.set(len(self._items))
         self._wake.set()
-        futures = [item.future for item in items]
-        gathered = asyncio.gather(*futures)
-        # A request that goes away cancels its rows, which leaves `gathered` holding an error
-        # nobody awaits: mark it retrieved, or asyncio logs "exception was never retrieved".
-        gathered.add_done_callback(lambda f: f.cancelled() or f.exception())
-        try:
-            return await asyncio.wait_for(gathered, timeout=self.settings.request_timeout_s)
-        except TimeoutError:
-            raise DeadlineExceeded(
-                f"model {self.name}: no result within {self.settings.request_timeout_s} s"
-            ) from None
-        finally:
-            for future in futures:
-                future.cancel()  # no-op when done; drops rows of a cancelled request
+        return [item.future for item in items]
+
+    async def submit(self, rows: list[Row]) -> list[RowResult]:
+        """Enqueue a request's rows and wait for all of them (`enqueue`, then `gather`).
+        Cancelling the awaiting task cancels its rows."""
+        return await gather(self.enqueue(rows))
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -250,6 +248,7 @@ class Batcher:
                 continue
             feeds, lengths = self._pad(batch)
             started = time.monotonic()
+            self._running = batch
             try:
                 outputs, call_s = await loop.run_in_executor(self._executor, self._run, feeds)
             except Exception:  # the backend's failure fails this batch only
@@ -263,6 +262,8 @@ class Batcher:
                             BackendError(f"model {self.name} failed (logged with the request id)")
                         )
                 continue
+            finally:
+                self._running = []
             elapsed = time.monotonic() - started
             self.consecutive_failures = 0
             for i, item in enumerate(batch):
@@ -286,6 +287,20 @@ class Batcher:
             self.cycle_s = cycle if not self.cycle_s else 0.8 * self.cycle_s + 0.2 * cycle
             self.cost.observe(feeds["input_ids"].size, call_s, cycle)
             cycle_start = now
+
+    async def _watch(self) -> None:
+        """Fail every row still unanswered past its request's deadline with a 504: rows in a
+        model call that hangs, and rows queued behind it. One timer for the model, not one a
+        request; a row's 504 comes at most a tenth of the timeout (or 1 s) late."""
+        timeout = self.settings.request_timeout_s
+        period = min(1.0, timeout / 10)
+        error = f"model {self.name}: no result within {timeout:g} s"
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for item in (*self._running, *self._items):
+                if now > item.deadline and not item.future.done():
+                    item.future.set_exception(DeadlineExceeded(error))
 
     def _run(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
         """The model call, on the model's thread, and how long it took there (`CallCost`)."""
@@ -384,6 +399,42 @@ class Batcher:
             if not item.future.done():
                 item.future.set_exception(error)
         self._items = []
+
+
+async def gather(
+    futures: list[asyncio.Future[RowResult]], gone: asyncio.Future[None] | None = None
+) -> list[RowResult]:
+    """The results of one request's rows, in order. The first row to fail fails the request;
+    then, or if the awaiting task is cancelled, the rest are cancelled (a row not yet taken by
+    the model costs nothing). `gone`: a future that completes when the client goes away; it
+    cancels the rows and raises ClientGone. No task or timer a request: callbacks only."""
+
+    def drop(_: object) -> None:
+        for future in futures:
+            future.cancel()
+
+    if gone is not None:
+        if gone.done():
+            drop(None)
+            raise ClientGone("client closed the connection")
+        gone.add_done_callback(drop)
+    try:
+        if len(futures) == 1:  # the common case
+            return [await futures[0]]
+        await asyncio.wait(futures, return_when=asyncio.FIRST_EXCEPTION)
+        for future in futures:
+            if future.done() and not future.cancelled() and future.exception() is not None:
+                raise future.exception()  # type: ignore[misc]
+        return [future.result() for future in futures]  # CancelledError if the rows were
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if gone is not None and gone.done() and not (task and task.cancelling()):
+            raise ClientGone("client closed the connection") from None
+        raise
+    finally:
+        if gone is not None:
+            gone.remove_done_callback(drop)
+        drop(None)  # no-op for rows done
 
 
 def cheapest_prefix(lengths: list[int], overhead: float) -> int:

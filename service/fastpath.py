@@ -12,6 +12,7 @@ was read, by the outermost middleware, for both paths alike.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from urllib.parse import parse_qsl
 
@@ -19,14 +20,14 @@ from pydantic import ValidationError
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.asgi import replaying
+from service.asgi import connection_lost, replaying
 from service.errors import (
     ServiceError,
     internal_error_response,
     service_error_response,
     validation_error_response,
 )
-from service.handler import handle
+from service.handler import Disconnected, handle
 from service.state import ServiceState
 from service.tasks import TASKS
 
@@ -55,9 +56,14 @@ class FastPath:
         except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep:
             return await self.app(scope, replay, send)  # FastAPI words that error
 
-        async def disconnected() -> None:
-            while (await replay())["type"] != "http.disconnect":
-                pass
+        gone: asyncio.Future[None] | Disconnected | None = connection_lost(scope)
+        if gone is None:  # another ASGI server: watch `receive` for the disconnect
+
+            async def disconnected() -> None:
+                while (await replay())["type"] != "http.disconnect":
+                    pass
+
+            gone = disconnected
 
         response: Response
         try:
@@ -69,7 +75,7 @@ class FastPath:
                 data,
                 query[0][1] if query else None,
                 scope.setdefault("state", {}),
-                disconnected,
+                gone,
             )
             response = Response(answer, media_type="application/json")
         except ValidationError as exc:

@@ -16,8 +16,8 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from service.batching import Row, RowResult
-from service.errors import ClientGone, InvalidInput, TooLarge
+from service.batching import Row, RowResult, gather
+from service.errors import InvalidInput, TooLarge
 from service.state import Model, ServiceState
 from service.tasks import Task
 
@@ -30,7 +30,7 @@ async def handle(
     body: BaseModel | Any,
     model_name: str | None,
     stats: dict[str, Any],
-    disconnected: Disconnected | None = None,
+    disconnected: Disconnected | asyncio.Future[None] | None = None,
 ) -> Any:
     """The answer to one request, as JSON bytes; raises a ServiceError (or pydantic's
     ValidationError, for a body that is not a `task.request`) for anything else. `stats`
@@ -117,18 +117,16 @@ def pick_model(state: ServiceState, task: Task, request: Any, query_name: str | 
 
 
 async def submit(
-    model: Model, rows: list[Row], disconnected: Disconnected | None
+    model: Model, rows: list[Row], disconnected: Disconnected | asyncio.Future[None] | None
 ) -> list[RowResult]:
-    """Queue the rows; if the client goes away first, cancel them (they cost no compute)."""
-    if disconnected is None:
-        return await model.batcher.submit(rows)
-    job = asyncio.ensure_future(model.batcher.submit(rows))
-    gone = asyncio.ensure_future(disconnected())
+    """Queue the rows; if the client goes away first, cancel them (they cost no compute).
+    `disconnected`: a future the server completes when the connection is lost (bertserve's
+    protocol), or a coroutine function to watch for it (any other ASGI server)."""
+    futures = model.batcher.enqueue(rows)
+    if disconnected is None or isinstance(disconnected, asyncio.Future):
+        return await gather(futures, disconnected)
+    watch = asyncio.ensure_future(disconnected())
     try:
-        await asyncio.wait({job, gone}, return_when=asyncio.FIRST_COMPLETED)
+        return await gather(futures, watch)
     finally:
-        gone.cancel()
-    if not job.done():
-        job.cancel()
-        raise ClientGone("client closed the connection")
-    return job.result()
+        watch.cancel()

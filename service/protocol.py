@@ -26,7 +26,7 @@ import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from service.asgi import SAFE_ID
+from service.asgi import CONNECTION_LOST, SAFE_ID
 from service.errors import RequestTimeout, ServiceError
 
 
@@ -91,6 +91,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._lost: asyncio.Future[None] = self.loop.create_future()
         if self.opened is not None:
             self.opened(1)
         self._arm()
@@ -98,10 +99,14 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         self._release(idle_after=False)  # pipelined behind a held refusal: that goes first
         super().on_message_begin()
+        extensions = self.scope.setdefault("extensions", {})
+        extensions[CONNECTION_LOST] = {"future": self._lost}  # service.asgi
         if self._header_timer is None:
             self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self._lost.done():
+            self._lost.set_result(None)  # requests waiting for the model drop their rows
         if self.opened is not None:
             self.opened(-1)
         self._disarm()

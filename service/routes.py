@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from service import schemas
+from service.asgi import connection_lost
 from service.handler import handle
 from service.state import ServiceState
 from service.tasks import TASKS, Task
@@ -38,6 +39,10 @@ def state_of(request: Request) -> ServiceState:
 
 
 def disconnect_watch(request: Request):
+    lost = connection_lost(request.scope)
+    if lost is not None:  # bertserve's protocol: no task a request
+        return lost
+
     async def disconnected() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass

@@ -11,8 +11,16 @@ import time
 import numpy as np
 import pytest
 
-from service.batching import Batcher, CallCost, Row, _Item, _Request, cheapest_prefix
-from service.errors import DeadlineExceeded, Overloaded
+from service.batching import (
+    Batcher,
+    CallCost,
+    Row,
+    _Item,
+    _Request,
+    cheapest_prefix,
+    gather,
+)
+from service.errors import ClientGone, DeadlineExceeded, Overloaded
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -177,3 +185,74 @@ def test_the_batching_loop_measures_every_call():
     cost = asyncio.run(run())
     assert cost.w > 8  # ten calls, older ones weighted down
     assert cost.w * 0.002 <= cost.sy <= cost.w * 0.05  # in-thread times (weighted): 2 ms and up
+
+
+# --- one request's rows: awaited with callbacks, not a task and a timer each -----------------
+
+
+def test_a_lost_connection_cancels_the_rows_and_answers_client_gone():
+    async def run():
+        loop = asyncio.get_running_loop()
+        rows, gone = [loop.create_future() for _ in range(3)], loop.create_future()
+        waiting = asyncio.ensure_future(gather(rows, gone))
+        rows[0].set_result("first")
+        await asyncio.sleep(0)
+        gone.set_result(None)  # the protocol's connection_lost
+        with pytest.raises(ClientGone):
+            await waiting
+        return rows, gone
+
+    rows, gone = asyncio.run(run())
+    assert rows[0].result() == "first"
+    assert rows[1].cancelled() and rows[2].cancelled()  # dropped before the model takes them
+    assert not gone._callbacks  # the request's callback is gone with it
+
+
+def test_the_first_row_to_fail_fails_the_request_and_cancels_the_rest():
+    async def run():
+        loop = asyncio.get_running_loop()
+        rows, gone = [loop.create_future() for _ in range(3)], loop.create_future()
+        rows[1].set_exception(DeadlineExceeded("late"))
+        with pytest.raises(DeadlineExceeded):
+            await gather(rows, gone)
+        return rows, gone
+
+    rows, gone = asyncio.run(run())
+    assert rows[0].cancelled() and rows[2].cancelled() and not gone.done()
+
+
+def test_cancelling_the_request_is_a_cancellation_even_once_the_client_is_gone():
+    async def run():
+        loop = asyncio.get_running_loop()
+        rows, gone = [loop.create_future()], loop.create_future()
+        waiting = asyncio.ensure_future(gather(rows, gone))
+        await asyncio.sleep(0)
+        waiting.cancel()  # a shutdown, say
+        gone.set_result(None)
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return rows
+
+    assert asyncio.run(run())[0].cancelled()
+
+
+def test_rows_in_a_hung_call_and_behind_it_get_504_at_the_deadline():
+    """The model's watchdog, not a timer a request, answers a call that does not return."""
+
+    async def run():
+        settings = Settings(max_batch_rows=1, request_timeout_s=0.3)
+        batcher = Batcher("m", SlowBackend(1.0), settings, Metrics(), {"logits": "row"}, 0, False)
+        batcher.start()
+        row = Row(np.full(4, 5, np.int64), np.zeros(4, np.int64))
+        started = time.monotonic()
+        results = await asyncio.gather(
+            batcher.submit([row]), batcher.submit([row]), return_exceptions=True
+        )
+        elapsed = time.monotonic() - started
+        await batcher.stop()
+        return results, elapsed
+
+    results, elapsed = asyncio.run(run())
+    assert [type(r) for r in results] == [DeadlineExceeded, DeadlineExceeded]
+    assert str(results[0]) == "model m: no result within 0.3 s"
+    assert 0.3 <= elapsed < 0.6  # the deadline plus at most a tenth of it, well before 1 s

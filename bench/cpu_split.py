@@ -1,0 +1,163 @@
+"""Where the machine's CPU goes per request at saturation: the serving processes' event loops,
+their model threads, the supervisor, the load generator and the kernel, from /proc, for
+bertserve and for the HTTP floor (uvicorn answering a constant, `bench.peers.floor`).
+
+    python -m bench.cpu_split --bundle sst2-distilled-2x192 --levels 32,64 --rounds 2
+
+A py-spy profile shows where a thread's wall time goes, including its waits for the GIL and for
+a core. This counts CPU time: each thread's utime + stime (/proc/PID/task/TID/stat) and the
+whole machine's (/proc/stat) over one closed-loop wrk run, divided by the answers. On a machine
+whose cores are shared by the server and its client, the sum of the parts is what a request
+costs, and the cores / that sum is the most any server built this way can answer. Pause
+training first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from bench.inputs import write_bodies
+from bench.loadgen import closed_loop
+from bench.servers import OURS, only_bundles, serve
+
+ROOT = Path(__file__).resolve().parents[1]
+PORT = 8131
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _group_pids(pgid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            pids.append(int(entry))
+    return pids
+
+
+def _cpu_s(stat: str) -> float:
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+
+
+def threads_cpu(pgid: int) -> dict[str, float]:
+    """CPU seconds so far of the group's threads, by role: each serving process's main thread
+    (its event loop), their other threads (the model's calls, thread pools) and, where the
+    group's leader only supervises worker processes, the leader. Threads that ended are not
+    counted: the servers keep theirs alive."""
+    roles = {"supervisor": 0.0, "loops": 0.0, "other threads": 0.0}
+    pids = _group_pids(pgid)
+    supervised = len(pids) > 1  # a leader with workers: bertserve's supervisor, uvicorn's
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                cpu = _cpu_s(Path(f"/proc/{pid}/task/{tid}/stat").read_text())
+            except OSError:
+                continue
+            if pid == pgid and supervised:
+                roles["supervisor"] += cpu
+            else:
+                roles["loops" if int(tid) == pid else "other threads"] += cpu
+    return roles
+
+
+def machine_cpu() -> tuple[float, float, float]:
+    """(busy, idle, stolen) CPU seconds of the whole machine so far; busy excludes stolen time
+    (the hypervisor's), which is reported on its own."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    idle, steal = values[3] + values[4], values[7]  # idle + iowait; steal
+    return (sum(values[:8]) - idle - steal) / TICK, idle / TICK, steal / TICK
+
+
+def batch_rows(metrics: str) -> tuple[float, float]:
+    """(sequences, model calls) so far, from a /metrics scrape; (0, 0) where there are none."""
+    rows = re.findall(r"^bertserve_batch_rows_sum\{[^}]*\} (\S+)", metrics, re.M)
+    calls = re.findall(r"^bertserve_batch_rows_count\{[^}]*\} (\S+)", metrics, re.M)
+    return sum(map(float, rows)), sum(map(float, calls))
+
+
+def measure(base: str, url: str, pgid: int, bodies: Path, c: int, seconds: float) -> dict:
+    """One closed-loop run at `c` connections: CPU microseconds per answer by part."""
+    import httpx
+
+    def scrape() -> tuple[float, float]:
+        try:
+            return batch_rows(httpx.get(f"{base}/metrics", timeout=10).text)
+        except httpx.HTTPError:
+            return 0.0, 0.0
+
+    rows0, threads0, (busy0, idle0, steal0) = scrape(), threads_cpu(pgid), machine_cpu()
+    result = closed_loop(url, bodies, c, seconds)
+    rows1, threads1, (busy1, idle1, steal1) = scrape(), threads_cpu(pgid), machine_cpu()
+    answers = max(result.ok, 1)
+    us = {role: 1e6 * (threads1[role] - threads0[role]) / answers for role in threads0}
+    us["client"] = 1e6 * result.client_cpu_s / answers
+    served = sum(us.values())
+    us["kernel and the rest"] = 1e6 * (busy1 - busy0) / answers - served
+    us["idle"] = 1e6 * (idle1 - idle0) / answers
+    us["stolen"] = 1e6 * (steal1 - steal0) / answers
+    calls = rows1[1] - rows0[1]
+    return {
+        "c": c,
+        "rps": round(result.throughput, 1),
+        "non_200": result.requests - result.ok,
+        "errors": result.errors,
+        "rows_per_call": round((rows1[0] - rows0[0]) / calls, 2) if calls else None,
+        "us_per_answer": {k: round(v, 1) for k, v in us.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bundles", type=Path, default=ROOT / "bundles")
+    parser.add_argument("--bundle", default="sst2-distilled-2x192")
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--levels", default="32,64")
+    parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--arms",
+        default="bertserve,http-floor",
+        help="bertserve, old (bertserve from --old), or a peer or probe of bench.servers",
+    )
+    parser.add_argument("--old", type=Path, help="another source tree of bertserve (A/B)")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-cpu-split")
+    args = parser.parse_args()
+
+    args.out = args.out.resolve()  # the servers may run from another tree (--old)
+    bundles = only_bundles(args.bundles, [args.bundle], args.out / "bundles")
+    bodies = write_bodies("classify", args.data, args.out / "inputs")
+    ready = bodies.read_text().splitlines()[0].encode()
+    levels = [int(x) for x in args.levels.split(",")]
+    results = []
+    for rnd in range(args.rounds):
+        arms = args.arms.split(",")
+        for arm in arms if rnd % 2 == 0 else reversed(arms):
+            name = OURS if arm in ("bertserve", "old") else arm
+            cwd = args.old if arm == "old" else None
+            log = args.out / f"{arm}-{rnd}.log"
+            with serve(name, bundles, bundles / args.bundle, PORT, ready, log, cwd=cwd) as s:
+                url = s.url("classify")
+                closed_loop(url, bodies, 32, 2)  # warm
+                time.sleep(0.5)
+                for c in levels:
+                    row = {"round": rnd, "arm": arm} | measure(
+                        s.base, url, s.proc.pid, bodies, c, args.seconds
+                    )
+                    results.append(row)
+                    print(json.dumps(row), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
