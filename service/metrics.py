@@ -12,9 +12,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 
 from service.errors import error_types
+
+# In multiprocess mode every write of a value first asks the OS for the process id, to notice a
+# fork: a system call each, a dozen a request. The id is cached here instead, and renewed in a
+# forked child; the values of the service's metrics (all created after this import) use it.
+_pid = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
+if values.ValueClass is not values.MutexValue:  # PROMETHEUS_MULTIPROC_DIR was set at import
+    values.ValueClass = values.MultiProcessValue(process_identifier=lambda: _pid[0])
 
 LATENCY_BUCKETS = (
     0.0005,

@@ -14,6 +14,7 @@ import sys
 import time
 from types import FrameType
 
+import orjson
 import uvicorn
 
 from service.protocol import guarded_protocol
@@ -29,13 +30,14 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
         }
         fields = getattr(record, "fields", None)  # structured lines: log.info(..., extra=)
-        if fields is not None:
-            return json.dumps(base | fields)
-        return json.dumps(
+        if fields is not None:  # the access log: a line a request, so orjson
+            return orjson.dumps(base | fields, default=str).decode()
+        return orjson.dumps(
             base
             | {"message": message}
-            | ({"exc": self.formatException(record.exc_info)} if record.exc_info else {})
-        )
+            | ({"exc": self.formatException(record.exc_info)} if record.exc_info else {}),
+            default=str,
+        ).decode()
 
 
 def ready_facts(state, host: str, port: int) -> dict:
@@ -364,6 +366,9 @@ def uvicorn_config(app, settings: Settings) -> uvicorn.Config:
         ),
         loop="auto",
         access_log=False,
+        # Nothing reads the client's address (the access log has none), so uvicorn's rewrite of
+        # it from X-Forwarded-For, a middleware layer a request, is left out.
+        proxy_headers=False,
         log_config=None,
         lifespan="on",
         timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
