@@ -127,9 +127,15 @@ def main() -> None:
     parser.add_argument(
         "--arms",
         default="bertserve,http-floor",
-        help="bertserve, old (bertserve from --old), or a peer or probe of bench.servers",
+        help="bertserve, a name given to --tree, or a peer or probe of bench.servers",
     )
-    parser.add_argument("--old", type=Path, help="another source tree of bertserve (A/B)")
+    parser.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="serve bertserve from another source tree as arm NAME (A/B against the code)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-cpu-split")
     args = parser.parse_args()
 
@@ -138,12 +144,13 @@ def main() -> None:
     bodies = write_bodies("classify", args.data, args.out / "inputs")
     ready = bodies.read_text().splitlines()[0].encode()
     levels = [int(x) for x in args.levels.split(",")]
+    trees = dict(t.split("=", 1) for t in args.tree)
     results = []
     for rnd in range(args.rounds):
         arms = args.arms.split(",")
         for arm in arms if rnd % 2 == 0 else reversed(arms):
-            name = OURS if arm in ("bertserve", "old") else arm
-            cwd = args.old if arm == "old" else None
+            name = OURS if arm == "bertserve" or arm in trees else arm
+            cwd = Path(trees[arm]) if arm in trees else None
             log = args.out / f"{arm}-{rnd}.log"
             with serve(name, bundles, bundles / args.bundle, PORT, ready, log, cwd=cwd) as s:
                 url = s.url("classify")

@@ -24,7 +24,7 @@ from typing import Any
 
 import httptools
 import orjson
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from service.asgi import CONNECTION_LOST, SAFE_ID
 from service.errors import RequestTimeout, ServiceError
@@ -174,6 +174,8 @@ class GuardedProtocol(HttpToolsProtocol):
                 self._refusal, self._refusal_path = refusal, path
                 return
         super().on_headers_complete()
+        if type(self.cycle) is RequestResponseCycle:
+            self.cycle.__class__ = OneWriteCycle
 
     def on_body(self, body: bytes) -> None:
         if self._refusal is None:
@@ -216,3 +218,68 @@ class GuardedProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.timeout_keep_alive, self.timeout_keep_alive_handler
             )
+
+
+class _Collect:
+    """A transport that keeps what is written (the response head, while it is held)."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport, self.parts = transport, list[bytes]()
+
+    def write(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+class _Prefix(_Collect):
+    """A transport whose first write goes out after the held head, in the same write."""
+
+    def __init__(self, transport: asyncio.Transport, head: bytes) -> None:
+        super().__init__(transport)
+        self.head: bytes | None = head
+
+    def write(self, data: bytes) -> None:
+        head, self.head = self.head, None
+        self.transport.write(head + data if head is not None else data)
+
+    def close(self) -> None:
+        if self.head is not None:  # nothing written since the head: it still goes first
+            self.transport.write(self.head)
+            self.head = None
+        self.transport.close()
+
+
+class OneWriteCycle(RequestResponseCycle):
+    """uvicorn's request cycle, writing a response's status line and headers together with its
+    first body bytes: one write, one TCP segment and one wake-up of the client, where uvicorn
+    writes the head as soon as the app starts its response (two of each). The app's messages
+    and uvicorn's own checks and accounting are unchanged: its `send` runs as it is, on a
+    transport that holds the head until the body comes."""
+
+    _head: bytes | None = None
+
+    async def send(self, message: Any) -> None:
+        transport = self.transport
+        if message["type"] == "http.response.start" and not self.response_started:
+            self.transport = held = _Collect(transport)  # type: ignore[assignment]
+            try:
+                await super().send(message)
+            finally:
+                self.transport = transport
+            self._head = b"".join(held.parts)
+            return
+        head, self._head = self._head, None
+        if head is None:
+            return await super().send(message)
+        self.transport = prefix = _Prefix(transport, head)  # type: ignore[assignment]
+        try:
+            await super().send(message)
+        finally:
+            self.transport = transport
+            if prefix.head is not None and not transport.is_closing():
+                transport.write(prefix.head)  # the body was refused: the head as uvicorn sent it

@@ -456,3 +456,49 @@ def test_an_overload_refusal_is_answered_after_the_refusal_delay_in_order(bundle
             assert status == 503 and headers["x-request-id"] == "d1"
             assert time.monotonic() - sent < delay * 0.75
             assert closed_by_server(sock)
+
+
+class RecordingTransport:
+    """A connection's transport that records each write, and passes everything through."""
+
+    def __init__(self, transport, writes: list[bytes]) -> None:
+        self._transport, self._writes = transport, writes
+
+    def write(self, data: bytes) -> None:
+        self._writes.append(bytes(data))
+        self._transport.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
+
+
+def test_a_response_goes_out_in_one_write(bundle_dir):
+    """Status line, headers and body in one write: one segment and one wake-up of the client,
+    where uvicorn writes the head and the body apart."""
+    with live_server(bundles=bundle_dir) as live:
+        connections = live.server.server_state.connections
+        asyncio.run(until(lambda: not connections))
+        writes: list[bytes] = []
+        with connect(live) as sock:
+            asyncio.run(until(lambda: len(connections) == 1))
+            protocol = next(iter(connections))
+            protocol.transport = RecordingTransport(protocol.transport, writes)
+            sock.sendall(post("/classify") + post("/nope"))  # and one pipelined behind it
+            (status, _, body), (missing, _, _) = read_responses(sock, 2)
+    assert status == 200 and json.loads(body)[0]["label"] and missing == 404
+    assert len(writes) == 2
+    assert writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and writes[0].endswith(body)
+
+
+def test_expect_100_continue_is_answered_before_the_body_is_sent(bundle_dir):
+    with live_server(bundles=bundle_dir) as live, connect(live) as sock:
+        request = post("/classify", expect="100-continue")
+        head, _, body = request.partition(b"\r\n\r\n")
+        sock.sendall(head + b"\r\n\r\n")
+        interim = b""
+        while not interim.endswith(b"\r\n\r\n"):
+            interim += sock.recv(1)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        status, _, answer = read_response(sock)
+        assert status == 200 and json.loads(answer)[0]["label"]
