@@ -50,23 +50,25 @@ def ceiling(
     """Sequences/s at each batch size over length-sorted rows; the best is the ceiling."""
     ordered = sorted(rows, key=len)
     lengths = [len(r) for r in rows]
-    per_size = {}
+    per_size, cpu_us = {}, {}
     for size in batch_sizes:
         batches = [
             pad_rows(ordered[i : i + size], pad_id, False)[0] for i in range(0, len(ordered), size)
         ]
         engine.run(batches[0])  # warm this shape
-        done, started = 0, time.perf_counter()
+        done, started, cpu = 0, time.perf_counter(), time.process_time()
         while time.perf_counter() - started < seconds:
             for feeds in batches:
                 engine.run(feeds)
                 done += len(feeds["input_ids"])
         per_size[size] = done / (time.perf_counter() - started)
+        cpu_us[size] = 1e6 * (time.process_time() - cpu) / done  # every thread of this process
     best = max(per_size, key=lambda s: per_size[s])
     return {
         "sequences_per_s": per_size[best],
         "best_batch": best,
         "per_batch_size": per_size,
+        "cpu_us_per_sequence": cpu_us[best],
         "mean_tokens": statistics.fmean(lengths),
     }
 

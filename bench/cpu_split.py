@@ -137,6 +137,11 @@ def main() -> None:
         help="serve bertserve from another source tree as arm NAME (A/B against the code)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-cpu-split")
+    parser.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="each round, first the raw ceiling and its CPU a sequence (bench.ceiling)",
+    )
     args = parser.parse_args()
 
     args.out = args.out.resolve()  # the servers may run from another tree (--old)
@@ -147,6 +152,19 @@ def main() -> None:
     trees = dict(t.split("=", 1) for t in args.tree)
     results = []
     for rnd in range(args.rounds):
+        if args.ceiling:
+            from bench.ceiling import measure as raw_ceiling
+
+            raw = raw_ceiling(bundles / args.bundle, bodies)
+            row = {
+                "round": rnd,
+                "arm": "raw ceiling",
+                "sequences_per_s": round(raw["sequences_per_s"], 1),
+                "best_batch": raw["best_batch"],
+                "cpu_us_per_sequence": round(raw["cpu_us_per_sequence"], 1),
+            }
+            results.append(row)
+            print(json.dumps(row), flush=True)
         arms = args.arms.split(",")
         for arm in arms if rnd % 2 == 0 else reversed(arms):
             name = OURS if arm == "bertserve" or arm in trees else arm

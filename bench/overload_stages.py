@@ -71,6 +71,9 @@ def main() -> None:
     parser.add_argument(
         "--preconnect", type=int, default=0, help="client connections opened before the flood"
     )
+    parser.add_argument(
+        "--rate", type=float, help="requests/s offered (default: 5x the measured saturation)"
+    )
     parser.add_argument("env", nargs="*", help="NAME=VALUE for the server's environment")
     args = parser.parse_args()
     env = dict(pair.split("=", 1) for pair in args.env)
@@ -81,7 +84,7 @@ def main() -> None:
     with serve(OURS, bundles, bundles / args.classify_bundle, PORT, ready, log, env) as server:
         scrape = server.url("metrics")
         before = urllib.request.urlopen(scrape).read().decode()
-        result = overload(server, bodies, args.seconds, args.preconnect)
+        result = overload(server, bodies, args.seconds, args.preconnect, args.rate)
         after = urllib.request.urlopen(scrape).read().decode()
     ok = result["by_status"].get("200", {})
     client = {

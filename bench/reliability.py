@@ -67,12 +67,15 @@ class MemorySampler:
 # --- against a real server process ----------------------------------------------------------
 
 
-def overload(server, bodies: Path, seconds: float, preconnect: int = 0) -> dict:
-    """5x the measured saturation, open loop, for `seconds`; then the recovery, second by second."""
+def overload(
+    server, bodies: Path, seconds: float, preconnect: int = 0, rate: float | None = None
+) -> dict:
+    """5x the measured saturation (or `rate` requests/s), open loop, for `seconds`; then the
+    recovery, second by second."""
     url = server.url("classify")
     closed_loop(url, bodies, 8, 2)
     saturation = closed_loop(url, bodies, 32, 5).throughput
-    rate = 5 * saturation
+    rate = rate or 5 * saturation
     log(f"  saturation {saturation:.0f} req/s; offering {rate:.0f} req/s for {seconds:.0f} s")
     before = memory_mib(server.proc.pid)
     with MemorySampler(server.proc.pid) as mem:
