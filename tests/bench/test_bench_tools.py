@@ -245,3 +245,51 @@ def test_open_loop_preconnect_opens_its_connections_before_the_schedule(bodies):
         fake.close()
     assert result.errors == 0 and result.requests == result.extra["sent"] > 0
     assert fake.accepted == 6  # every request went on one of them: none was opened later
+
+
+BURN = """
+import threading, time
+def burn(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+burned = threading.Event()
+def side():
+    burn(0.6)
+    burned.set()
+    time.sleep(30)
+threading.Thread(target=side, daemon=True).start()
+burn(0.3)
+burned.wait()
+print("done", flush=True)
+time.sleep(30)
+"""
+
+
+def test_cpu_split_counts_a_process_main_thread_apart_from_its_other_threads():
+    """bench.cpu_split's roles: a lone process's main thread is its event loop, the rest its
+    model threads; the counts come from /proc, so what the threads burned is what is read."""
+    import subprocess
+    import sys
+
+    from bench.cpu_split import batch_rows, threads_cpu
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BURN], stdout=subprocess.PIPE, start_new_session=True, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "done"
+        roles = threads_cpu(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert roles["supervisor"] == 0  # no workers: the leader is the server itself
+    assert 0.25 <= roles["loops"] <= 0.55  # the main thread burned 0.3 s (plus start-up)
+    assert 0.55 <= roles["other threads"] <= 0.7  # the other thread 0.6 s
+    metrics = (
+        'bertserve_batch_rows_sum{model="a"} 30.0\n'
+        'bertserve_batch_rows_count{model="a"} 4.0\n'
+        'bertserve_batch_rows_sum{model="b"} 10.0\n'
+        'bertserve_batch_rows_count{model="b"} 1.0\n'
+    )
+    assert batch_rows(metrics) == (40.0, 5.0)
