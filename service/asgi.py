@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Awaitable, Callable
 
 from starlette.types import Message, Receive, Scope
 
@@ -16,12 +17,24 @@ SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # with a callback, where watching `receive` for "http.disconnect" takes a task a request.
 CONNECTION_LOST = "bertserve.connection_lost"
 
+Disconnected = Callable[[], Awaitable[None]]  # completes when the client goes away
+# What tells a waiting request that its client went away (service.handler.submit).
+Gone = asyncio.Future[None] | Disconnected
 
-def connection_lost(scope: Scope) -> asyncio.Future[None] | None:
-    """The future that completes when this request's connection is lost; None under a server
-    that does not provide one."""
+
+def disconnect_watch(scope: Scope, receive: Receive) -> Gone:
+    """The protocol's per-connection future (CONNECTION_LOST) where the server provides one;
+    under any other ASGI server, a watch of `receive` for "http.disconnect"."""
     extension = (scope.get("extensions") or {}).get(CONNECTION_LOST)
-    return extension["future"] if extension else None
+    if extension:
+        future: asyncio.Future[None] = extension["future"]
+        return future
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    return disconnected
 
 
 def replaying(first: Message, receive: Receive) -> Receive:

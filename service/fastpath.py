@@ -12,7 +12,6 @@ was read, by the outermost middleware, for both paths alike.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from urllib.parse import parse_qsl
 
@@ -20,14 +19,14 @@ from pydantic import ValidationError
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.asgi import connection_lost, replaying
+from service.asgi import disconnect_watch, replaying
 from service.errors import (
     ServiceError,
     internal_error_response,
     service_error_response,
     validation_error_response,
 )
-from service.handler import Disconnected, handle
+from service.handler import handle
 from service.state import ServiceState
 from service.tasks import TASKS
 
@@ -56,15 +55,6 @@ class FastPath:
         except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep:
             return await self.app(scope, replay, send)  # FastAPI words that error
 
-        gone: asyncio.Future[None] | Disconnected | None = connection_lost(scope)
-        if gone is None:  # another ASGI server: watch `receive` for the disconnect
-
-            async def disconnected() -> None:
-                while (await replay())["type"] != "http.disconnect":
-                    pass
-
-            gone = disconnected
-
         response: Response
         try:
             # Python mode on the decoded JSON, as FastAPI does: pydantic's JSON mode words
@@ -75,7 +65,7 @@ class FastPath:
                 data,
                 query[0][1] if query else None,
                 scope.setdefault("state", {}),
-                gone,
+                disconnect_watch(scope, replay),
             )
             response = Response(answer, media_type="application/json")
         except ValidationError as exc:

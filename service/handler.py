@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from pydantic import BaseModel
 
+from service.asgi import Gone
 from service.batching import Row, RowResult, gather
 from service.errors import InvalidInput, TooLarge
 from service.state import Model, ServiceState
 from service.tasks import Task
-
-Disconnected = Callable[[], Awaitable[None]]  # completes when the client goes away
 
 
 async def handle(
@@ -30,7 +28,7 @@ async def handle(
     body: BaseModel | Any,
     model_name: str | None,
     stats: dict[str, Any],
-    disconnected: Disconnected | asyncio.Future[None] | None = None,
+    disconnected: Gone | None = None,
 ) -> Any:
     """The answer to one request, as JSON bytes; raises a ServiceError (or pydantic's
     ValidationError, for a body that is not a `task.request`) for anything else. `stats`
@@ -116,9 +114,7 @@ def pick_model(state: ServiceState, task: Task, request: Any, query_name: str | 
     return state.model_for(task.capability, name)
 
 
-async def submit(
-    model: Model, rows: list[Row], disconnected: Disconnected | asyncio.Future[None] | None
-) -> list[RowResult]:
+async def submit(model: Model, rows: list[Row], disconnected: Gone | None) -> list[RowResult]:
     """Queue the rows; if the client goes away first, cancel them (they cost no compute).
     `disconnected`: a future the server completes when the connection is lost (bertserve's
     protocol), or a coroutine function to watch for it (any other ASGI server)."""

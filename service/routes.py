@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from service import schemas
-from service.asgi import connection_lost
+from service.asgi import disconnect_watch
 from service.handler import handle
 from service.state import ServiceState
 from service.tasks import TASKS, Task
@@ -38,25 +38,18 @@ def state_of(request: Request) -> ServiceState:
     return request.app.state.service
 
 
-def disconnect_watch(request: Request):
-    lost = connection_lost(request.scope)
-    if lost is not None:  # bertserve's protocol: no task a request
-        return lost
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    return disconnected
-
-
 def task_route(task: Task):
     """A FastAPI endpoint for `task`: its body schema and response model come from the task, so
     the OpenAPI schema documents every task; the work is `handle`'s."""
 
     async def endpoint(request: Request, body: Any, model: Any = None) -> Response:
         answer = await handle(
-            state_of(request), task, body, model, request.scope["state"], disconnect_watch(request)
+            state_of(request),
+            task,
+            body,
+            model,
+            request.scope["state"],
+            disconnect_watch(request.scope, request.receive),
         )
         return Response(answer, media_type="application/json")
 

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from service.asgi import CONNECTION_LOST, disconnect_watch
 from service.batching import (
     Batcher,
     CallCost,
@@ -256,3 +257,27 @@ def test_rows_in_a_hung_call_and_behind_it_get_504_at_the_deadline():
     assert [type(r) for r in results] == [DeadlineExceeded, DeadlineExceeded]
     assert str(results[0]) == "model m: no result within 0.3 s"
     assert 0.3 <= elapsed < 0.6  # the deadline plus at most a tenth of it, well before 1 s
+
+
+def test_the_disconnect_comes_from_the_protocol_or_from_watching_receive():
+    """Under bertserve's protocol a request gets its connection's future; under any other ASGI
+    server, a watch of `receive` that ends at "http.disconnect" and then cancels the rows."""
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        lost = loop.create_future()
+        scope = {"type": "http", "extensions": {CONNECTION_LOST: {"future": lost}}}
+        assert disconnect_watch(scope, None) is lost
+        messages: asyncio.Queue = asyncio.Queue()
+        watch = disconnect_watch({"type": "http"}, messages.get)
+        rows = [loop.create_future()]
+        waiting = asyncio.ensure_future(gather(rows, asyncio.ensure_future(watch())))
+        await messages.put({"type": "http.request", "body": b""})  # not a disconnect
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        await messages.put({"type": "http.disconnect"})
+        with pytest.raises(ClientGone):
+            await waiting
+        return rows
+
+    assert asyncio.run(run())[0].cancelled()
