@@ -3,6 +3,9 @@
     git worktree add /tmp/ab/s2 02a7117          # the old code, with its own bundles
     python -m bench.ab --old /tmp/ab/s2 --endpoints ner,qa,fill-mask,nsp --rounds 2
 
+An old tree whose bundles are already format 2 is served as it is (a recent commit, given the
+session-2 models under its bundles/, for an A/B of one change on those models).
+
 Each side runs `python -m service` from its own tree (working directory and PYTHONPATH; it must
 serve /classify, the readiness check) at its default settings, one side at a time, alternating
 the order every round; wrk drives each endpoint closed-loop at each concurrency. The old tree
@@ -39,6 +42,9 @@ def upgrade_v1(src: Path, dst: Path) -> None:
     """A format-1 bundle as format 2 (the service refuses files linked from outside a bundle,
     so the model and tokenizer are copied)."""
     spec = json.loads((src / "bundle.json").read_text())
+    if spec["format_version"] == 2:  # an old tree as recent as this one: served as it is
+        shutil.copytree(src, dst, dirs_exist_ok=True)
+        return
     if spec["format_version"] != 1:
         raise ValueError(f"{src}: format {spec['format_version']}, not 1")
     dst.mkdir(parents=True, exist_ok=True)

@@ -119,7 +119,7 @@ class Batcher:
         metrics: Metrics,
         output_axes: Mapping[str, str],
         pad_id: int,
-        uses_positions: bool,
+        positions: int | None,
     ) -> None:
         self.name = name
         self.backend = backend
@@ -127,7 +127,9 @@ class Batcher:
         self.metrics = metrics
         self.output_axes = output_axes  # bundle.json: how each output's rows are sliced
         self.pad_id = pad_id
-        self.uses_positions = uses_positions
+        # The graph's mask_positions input: None, it has none; else the least width to send
+        # (0 once the warm-up has seen the graph run without slots: ServiceState.probe_slots).
+        self.positions = positions
         self._items: list[_Item] = []
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{name}")
@@ -382,7 +384,7 @@ class Batcher:
         return batch
 
     def _pad(self, batch: list[_Item]) -> tuple[dict[str, np.ndarray], list[int]]:
-        feeds, lengths = pad_rows([item.row for item in batch], self.pad_id, self.uses_positions)
+        feeds, lengths = pad_rows([item.row for item in batch], self.pad_id, self.positions)
         tokens = feeds["input_ids"].size
         self._rows.observe(len(batch))
         self._tokens.observe(tokens)
@@ -452,9 +454,12 @@ def cheapest_prefix(lengths: list[int], overhead: float) -> int:
 
 
 def pad_rows(
-    rows: list[Row], pad_id: int, uses_positions: bool
+    rows: list[Row], pad_id: int, positions: int | None
 ) -> tuple[dict[str, np.ndarray], list[int]]:
-    """Right-pad rows into the graph's int64 inputs; returns (feeds, lengths)."""
+    """Right-pad rows into the graph's int64 inputs; returns (feeds, lengths). `positions`: None
+    for a graph without a mask_positions input, else the least width of that input. A row
+    without positions (an /nsp pair) takes none: a batch of such rows sends width 0 where the
+    graph allows it, and the MLM head then runs on no rows at all."""
     lengths = [len(row) for row in rows]
     width, n = max(lengths), len(rows)
     feeds = {
@@ -466,16 +471,13 @@ def pad_rows(
         feeds["input_ids"][i, : lengths[i]] = row.input_ids
         feeds["attention_mask"][i, : lengths[i]] = 1
         feeds["token_type_ids"][i, : lengths[i]] = row.token_type_ids
-    if uses_positions:
-        positions = [
-            np.zeros(1, np.int64)
-            if r.mask_positions is None or not len(r.mask_positions)
-            else r.mask_positions
-            for r in rows
-        ]
-        feeds["mask_positions"] = np.zeros((n, max(len(p) for p in positions)), np.int64)
-        for i, p in enumerate(positions):
-            feeds["mask_positions"][i, : len(p)] = p
+    if positions is not None:
+        wanted = [r.mask_positions for r in rows if r.mask_positions is not None]
+        slots = max([positions, *(len(p) for p in wanted)])
+        feeds["mask_positions"] = np.zeros((n, slots), np.int64)  # padding scores position 0
+        for i, r in enumerate(rows):
+            if r.mask_positions is not None:
+                feeds["mask_positions"][i, : len(r.mask_positions)] = r.mask_positions
     return feeds, lengths
 
 

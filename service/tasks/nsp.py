@@ -36,7 +36,7 @@ def preprocess(ctx: TaskContext, pairs: list[tuple[str, str]], truncate: bool) -
     rows = []
     for text, pair in pairs:
         enc = ctx.encode(ctx.check_text(text, "text"), ctx.check_text(pair, "text_pair"), truncate)
-        rows.append(row(enc, np.zeros(1, dtype=np.int64)))  # one (ignored) fill-mask slot
+        rows.append(row(enc))  # no fill-mask slots: the MLM head need not run for it
     return rows
 
 

@@ -126,6 +126,10 @@ def test_ab_serves_an_old_format_bundle_unchanged(task, checkpoints, tmp_path):
     check_model_file(tmp_path / "up", spec)
     assert spec.output_axes == current.output_axes
     assert spec.model_sha256 == current.model_sha256
+    upgrade_v1(tmp_path / "v2", tmp_path / "same")  # a recent tree's bundle: copied as it is
+    assert (tmp_path / "same" / "bundle.json").read_bytes() == (
+        tmp_path / "v2" / "bundle.json"
+    ).read_bytes()
 
 
 def test_make_bench_serves_the_bundle_it_measures():

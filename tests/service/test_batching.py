@@ -33,7 +33,7 @@ def select(lengths, *, rows=4, tokens=1000, cancelled=(), expired=(), cost=None,
     async def run():
         loop = asyncio.get_running_loop()
         settings = Settings(max_batch_rows=rows, max_batch_tokens=tokens, split_batches=split)
-        batcher = Batcher("m", None, settings, Metrics(), {}, 0, False)
+        batcher = Batcher("m", None, settings, Metrics(), {}, 0, None)
         if cost is not None:
             batcher.cost = cost
         now = time.monotonic()
@@ -103,7 +103,7 @@ def test_admission_refuses_past_the_queued_work_the_model_can_clear_in_time():
 
     async def run():
         settings = Settings(max_batch_rows=1, max_queue_rows=1000, max_queue_wait_ms=100)
-        batcher = Batcher("m", SlowBackend(0.02), settings, Metrics(), {"logits": "row"}, 0, False)
+        batcher = Batcher("m", SlowBackend(0.02), settings, Metrics(), {"logits": "row"}, 0, None)
         batcher.start()
         row = Row(np.full(4, 5, np.int64), np.zeros(4, np.int64))
         assert batcher.refusal() is None and batcher.rows_per_s == 0  # nothing measured yet
@@ -175,7 +175,7 @@ def test_rows_of_far_lengths_wait_for_a_batch_of_their_own_once_a_call_is_measur
 def test_the_batching_loop_measures_every_call():
     async def run():
         settings = Settings(max_batch_rows=4)
-        batcher = Batcher("m", SlowBackend(0.002), settings, Metrics(), {"logits": "row"}, 0, False)
+        batcher = Batcher("m", SlowBackend(0.002), settings, Metrics(), {"logits": "row"}, 0, None)
         batcher.start()
         for n in (1, 4, 2, 3, 4, 1, 2, 4, 3, 1):
             row = Row(np.full(8, 5, np.int64), np.zeros(8, np.int64))
@@ -242,7 +242,7 @@ def test_rows_in_a_hung_call_and_behind_it_get_504_at_the_deadline():
 
     async def run():
         settings = Settings(max_batch_rows=1, request_timeout_s=0.3)
-        batcher = Batcher("m", SlowBackend(1.0), settings, Metrics(), {"logits": "row"}, 0, False)
+        batcher = Batcher("m", SlowBackend(1.0), settings, Metrics(), {"logits": "row"}, 0, None)
         batcher.start()
         row = Row(np.full(4, 5, np.int64), np.zeros(4, np.int64))
         started = time.monotonic()

@@ -54,7 +54,7 @@ def test_merged_batches_answer_as_the_batches_alone(bundle_dir, bundle):
     every output of every row is what that batch alone gets."""
     spec = load_bundle_spec(bundle_dir / bundle)
     engine = Engine(bundle_dir / bundle, spec, EngineOptions(threads=1))
-    positions = "mask_positions" in spec.inputs
+    positions = 1 if "mask_positions" in spec.inputs else None
     parts = [
         pad_rows(rows(spec, [5, 9], 1), spec.tokenizer.pad_id, positions)[0],
         pad_rows(rows(spec, [17], 2), spec.tokenizer.pad_id, positions)[0],
@@ -97,7 +97,7 @@ def test_the_runner_merges_what_queued_behind_a_busy_call_up_to_its_limits(bundl
     runner = ModelRunner(gated, spec, max_rows=5, max_tokens=1000)
     pipes = [Pipe() for _ in range(4)]
     batches = [
-        pad_rows(rows(spec, lengths, i), spec.tokenizer.pad_id, False)[0]
+        pad_rows(rows(spec, lengths, i), spec.tokenizer.pad_id, None)[0]
         for i, lengths in enumerate([[4], [6, 7], [8], [5, 5, 5]])
     ]
     runner.jobs.put(_Job(pipes[0][0], batches[0]))
@@ -133,7 +133,7 @@ def test_a_failed_call_fails_its_batches_and_the_engine_serves_on(engine_server)
     spec = runner.spec
     backend = RemoteBackend(address, spec)
     assert backend.provider == "CPUExecutionProvider"
-    feeds = pad_rows(rows(spec, [6], 0), spec.tokenizer.pad_id, False)[0]
+    feeds = pad_rows(rows(spec, [6], 0), spec.tokenizer.pad_id, None)[0]
     gated.fail = True
     with pytest.raises(BackendError, match="failed the call: RuntimeError"):
         backend.run(feeds)
@@ -159,7 +159,7 @@ def test_a_call_that_never_ends_is_taken_for_a_hung_device(engine_server):
     server, _ = engine_server
     runner = server.runners["sentiment"]
     spec = runner.spec
-    feeds = pad_rows(rows(spec, [6], 0), spec.tokenizer.pad_id, False)[0]
+    feeds = pad_rows(rows(spec, [6], 0), spec.tokenizer.pad_id, None)[0]
     ours, theirs = Pipe()
     runner.jobs.put(_Job(ours, feeds))  # a normal call: it ends, nothing is watched after it
     unpack(theirs.recv_bytes())
@@ -222,7 +222,7 @@ def test_a_message_out_of_format_is_hung_up_on_not_loaded(engine_server, message
             assert header["kind"] == "ok"
     conn.close()
     backend = RemoteBackend(address, spec)
-    feeds = pad_rows(rows(spec, [6], 0), spec.tokenizer.pad_id, False)[0]
+    feeds = pad_rows(rows(spec, [6], 0), spec.tokenizer.pad_id, None)[0]
     assert backend.run(feeds)["logits"].shape == (1, len(spec.labels))
     backend.close()
     assert LOADED == []
@@ -318,3 +318,78 @@ def test_an_engine_process_that_cannot_start_stops_the_supervisor(bundle_dir, tm
         assert "worker 0 started" not in logs
     finally:
         process.kill()
+
+
+def test_rows_without_mask_slots_send_none_and_get_the_same_answers(bundle_dir):
+    """/nsp rows carry no mask positions: alone they send a mask_positions input of width 0
+    (the MLM head runs on nothing), beside fill-mask rows they pad to those rows' width; their
+    NSP answer is the same either way, merged into an engine call or not."""
+    spec = load_bundle_spec(bundle_dir / "pretrained")
+    engine = Engine(bundle_dir / "pretrained", spec, EngineOptions(threads=1))
+    pairs = [Row(r.input_ids, r.token_type_ids) for r in rows(spec, [7, 12], 5)]
+    masked = rows(spec, [9], 6)  # positions [1, 7]
+    pad = spec.tokenizer.pad_id
+    one, none, mixed = (
+        pad_rows(r, pad, w)[0] for r, w in ((pairs, 1), (pairs, 0), (pairs + masked, 0))
+    )
+    assert one["mask_positions"].shape == (2, 1) and none["mask_positions"].shape == (2, 0)
+    assert mixed["mask_positions"].tolist() == [[0, 0], [0, 0], [1, 7]]
+    reference = engine.run(one)
+    alone = engine.run(none)
+    assert alone["mlm_logits"].shape == (2, 0, spec.architecture.vocab_size)
+    np.testing.assert_allclose(alone["nsp_logits"], reference["nsp_logits"], atol=1e-5)
+    np.testing.assert_allclose(
+        engine.run(mixed)["nsp_logits"][:2], reference["nsp_logits"], atol=1e-5
+    )
+    merged, spans = merge_feeds([none, pad_rows(masked, pad, 0)[0]], pad)
+    shares = split_outputs(engine.run(merged), spans, spec.output_axes)
+    assert shares[0]["mlm_logits"].shape[1] == 0 and shares[1]["mlm_logits"].shape[1] == 2
+    np.testing.assert_allclose(shares[0]["nsp_logits"], reference["nsp_logits"], atol=1e-5)
+
+
+class _Refuses:
+    """An engine (an execution provider) that refuses an empty mask_positions input."""
+
+    def __init__(self, engine):
+        self.engine, self.provider = engine, engine.provider
+
+    def run(self, feeds):
+        if feeds["mask_positions"].shape[1] == 0:
+            raise BackendError("empty tensor")
+        return self.engine.run(feeds)
+
+
+class _Differs(_Refuses):
+    """An engine whose other outputs change without mask slots."""
+
+    def run(self, feeds):
+        out = self.engine.run(feeds)
+        if feeds["mask_positions"].shape[1] == 0:
+            out = out | {"nsp_logits": out["nsp_logits"] + 1}
+        return out
+
+
+@pytest.mark.parametrize("fault", [None, _Refuses, _Differs])
+def test_the_warm_up_probe_allows_empty_slots_only_where_they_run_alike(
+    bundle_dir, tmp_path, fault, caplog
+):
+    import shutil
+
+    from service.metrics import Metrics
+    from service.state import ServiceState
+
+    shutil.copytree(bundle_dir / "pretrained", tmp_path / "pretrained")
+    state = ServiceState(Settings(bundles=tmp_path, intra_op_threads=1), Metrics())
+    state.load()
+    model = state.models["pretrained"]
+    assert model.batcher.positions == 1  # one slot a row until the probe says otherwise
+    if fault is not None:
+        model.engine = fault(model.engine)
+    state.warm_up()
+    assert model.batcher.positions == (0 if fault is None else 1)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == (0 if fault is None else 1), warned
+    if fault is _Refuses:
+        assert "no empty mask_positions" in warned[0]
+    if fault is _Differs:
+        assert "answers differ without mask slots" in warned[0]

@@ -3,7 +3,10 @@ same labels, tokens and spans, scores within 1e-4."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
+import torch
 import transformers
 
 from tests.helpers.checkpoints import HF_CLASSES
@@ -148,3 +151,38 @@ def test_qa_with_windows(server, checkpoints, params):
         )
         theirs = plain(reference(question=question, context=context, **params, **fixed))
         assert_same(ours, theirs)
+
+
+PAIRS = [
+    ("the film was good .", "paris is a city ."),
+    ("who was the first king of france ?", "the king was born ."),
+    ("a dull movie", "a bad year"),
+]
+
+
+def test_nsp_mixed_with_fill_mask(server, checkpoints):
+    """/nsp equals BertForPreTraining's next-sentence head (transformers has no NSP pipeline),
+    alone and while /fill-mask rows share its batches: the /nsp rows send no mask slots (width
+    0 once the warm-up probe allowed it), the fill-mask rows theirs."""
+    directory = checkpoints["BertForPreTraining"]
+    model = transformers.BertForPreTraining.from_pretrained(directory).eval()
+    tokenizer = transformers.BertTokenizerFast(vocab_file=str(directory / "vocab.txt"))
+    with torch.no_grad():
+        texts, pairs = [a for a, _ in PAIRS], [b for _, b in PAIRS]
+        logits = model(**tokenizer(texts, pairs, padding=True, return_tensors="pt"))
+    p_next = torch.softmax(logits.seq_relationship_logits.double(), -1)[:, 0].tolist()
+    expected = [{"is_next": p >= 0.5, "score": p} for p in p_next]
+    assert server.app.state.service.models["pretrained"].batcher.positions == 0
+
+    body = {"inputs": [{"text": a, "text_pair": b} for a, b in PAIRS]}
+    assert_same(post(server, "/nsp", body), expected)
+    fill = plain(pipeline("fill-mask", checkpoints, "BertForPreTraining")(FILL[1]))
+    with ThreadPoolExecutor(8) as pool:  # at once: the batcher mixes the two kinds of rows
+        jobs = [
+            pool.submit(post, server, "/nsp", body)
+            if i % 2
+            else pool.submit(post, server, "/fill-mask", {"inputs": FILL[1]})
+            for i in range(24)
+        ]
+        for i, job in enumerate(jobs):
+            assert_same(job.result(), expected if i % 2 else fill)
