@@ -3,6 +3,11 @@ their model threads, the supervisor, the load generator and the kernel, from /pr
 bertserve and for the HTTP floor (uvicorn answering a constant, `bench.peers.floor`).
 
     python -m bench.cpu_split --bundle sst2-distilled-2x192 --levels 32,64 --rounds 2
+    python -m bench.cpu_split --endpoint qa --bundles runs/ab/bundles-v2 --bundle squad-qa \
+        --beside sst2-classify --arms bertserve
+
+Another endpoint than /classify serves its bundle with a classify bundle beside it (`--beside`:
+the servers' readiness is a /classify answer); only bertserve arms serve it.
 
 A py-spy profile shows where a thread's wall time goes, including its waits for the GIL and for
 a core. This counts CPU time: each thread's utime + stime (/proc/PID/task/TID/stat) and the
@@ -120,6 +125,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundles", type=Path, default=ROOT / "bundles")
     parser.add_argument("--bundle", default="sst2-distilled-2x192")
+    parser.add_argument("--endpoint", default="classify", help="the endpoint driven")
+    parser.add_argument(
+        "--beside", default="", help="bundles served beside --bundle (comma-separated)"
+    )
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--levels", default="32,64")
     parser.add_argument("--seconds", type=float, default=8)
@@ -144,10 +153,13 @@ def main() -> None:
     )
     args = parser.parse_args()
 
+    if args.ceiling and args.endpoint != "classify":
+        parser.error("--ceiling measures /classify's bundle on its texts: only with classify")
     args.out = args.out.resolve()  # the servers may run from another tree (--old)
-    bundles = only_bundles(args.bundles, [args.bundle], args.out / "bundles")
-    bodies = write_bodies("classify", args.data, args.out / "inputs")
-    ready = bodies.read_text().splitlines()[0].encode()
+    beside = [b for b in args.beside.split(",") if b]
+    bundles = only_bundles(args.bundles, [args.bundle, *beside], args.out / "bundles")
+    bodies = write_bodies(args.endpoint, args.data, args.out / "inputs")
+    ready = write_bodies("classify", args.data, args.out / "inputs").read_text().split("\n")[0]
     levels = [int(x) for x in args.levels.split(",")]
     trees = dict(t.split("=", 1) for t in args.tree)
     results = []
@@ -170,8 +182,10 @@ def main() -> None:
             name = OURS if arm == "bertserve" or arm in trees else arm
             cwd = Path(trees[arm]) if arm in trees else None
             log = args.out / f"{arm}-{rnd}.log"
-            with serve(name, bundles, bundles / args.bundle, PORT, ready, log, cwd=cwd) as s:
-                url = s.url("classify")
+            with serve(
+                name, bundles, bundles / args.bundle, PORT, ready.encode(), log, cwd=cwd
+            ) as s:
+                url = s.url(args.endpoint)
                 closed_loop(url, bodies, 32, 2)  # warm
                 time.sleep(0.5)
                 for c in levels:

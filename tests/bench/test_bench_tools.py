@@ -297,3 +297,17 @@ def test_cpu_split_counts_a_process_main_thread_apart_from_its_other_threads():
         'bertserve_batch_rows_count{model="b"} 1.0\n'
     )
     assert batch_rows(metrics) == (40.0, 5.0)
+
+
+def test_cpu_split_refuses_a_ceiling_for_another_endpoint(monkeypatch, capsys):
+    """The raw ceiling is /classify's bundle on its texts: asked beside /qa it would compare
+    a QA server with a classifier's ceiling, so the arguments are refused before anything runs."""
+    import sys
+
+    from bench import cpu_split
+
+    monkeypatch.setattr(sys, "argv", ["cpu_split", "--endpoint", "qa", "--ceiling"])
+    with pytest.raises(SystemExit) as exc:
+        cpu_split.main()
+    assert exc.value.code == 2
+    assert "only with classify" in capsys.readouterr().err
