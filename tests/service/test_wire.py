@@ -32,6 +32,19 @@ def test_arrays_and_fields_round_trip_exactly_as_read_only_views():
     assert len(message) - 4 - header_length == sum(v.nbytes for v in arrays.values())
 
 
+def test_empty_arrays_travel_with_their_shapes():
+    """/nsp batches send mask_positions of width 0 and get MLM logits of width 0 back: the
+    engine process must see (rows, 0), not a flattened or dropped array."""
+    arrays = {
+        "mask_positions": np.zeros((3, 5), np.int64)[:, :0],
+        "mlm_logits": np.zeros((3, 0, 7), np.float32),
+        "input_ids": np.arange(6, dtype=np.int64).reshape(3, 2),
+    }
+    _, back = unpack(pack("batch", arrays))
+    assert {k: v.shape for k, v in back.items()} == {k: v.shape for k, v in arrays.items()}
+    assert back["input_ids"].tolist() == [[0, 1], [2, 3], [4, 5]]
+
+
 def test_pack_refuses_a_dtype_no_model_takes():
     with pytest.raises(WireError, match="dtype object does not travel"):
         pack("run", {"input_ids": np.array([["a"]], dtype=object)})
