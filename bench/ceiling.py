@@ -53,7 +53,7 @@ def ceiling(
     per_size, cpu_us = {}, {}
     for size in batch_sizes:
         batches = [
-            pad_rows(ordered[i : i + size], pad_id, False)[0] for i in range(0, len(ordered), size)
+            pad_rows(ordered[i : i + size], pad_id, None)[0] for i in range(0, len(ordered), size)
         ]
         engine.run(batches[0])  # warm this shape
         done, started, cpu = 0, time.perf_counter(), time.process_time()
@@ -77,7 +77,7 @@ def single_latency_ms(engine: Engine, rows: list, pad_id: int, count: int = 300)
     """Median time of one batch-1 model call, over the first `count` inputs."""
     times = []
     for r in (rows * (1 + count // len(rows)))[:count]:
-        feeds, _ = pad_rows([r], pad_id, False)
+        feeds, _ = pad_rows([r], pad_id, None)
         started = time.perf_counter()
         engine.run(feeds)
         times.append(time.perf_counter() - started)

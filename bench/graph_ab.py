@@ -62,7 +62,7 @@ def main() -> None:
     rows = sorted(rows_for(task, ctx, args.data), key=len)
     pad = ctx.spec.tokenizer.pad_id
     batches = [
-        pad_rows(rows[i : i + args.batch], pad, False)[0] for i in range(0, len(rows), args.batch)
+        pad_rows(rows[i : i + args.batch], pad, None)[0] for i in range(0, len(rows), args.batch)
     ]
     spent = interleaved([engine for engine, _ in loaded], batches, args.passes)
     sequences = len(rows) * args.passes

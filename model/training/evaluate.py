@@ -48,11 +48,12 @@ class BundleRunner:
     def run(self, rows: list[Row], desc: str = "") -> list[RowResult]:
         order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
         results: list[RowResult | None] = [None] * len(rows)
-        uses_positions = "mask_positions" in self.spec.inputs
+        # One slot a row at least (the service probes whether a graph takes none; this does not).
+        positions = 1 if "mask_positions" in self.spec.inputs else None
         for start in tqdm(range(0, len(order), self.batch_size), desc=desc, leave=False):
             chunk = order[start : start + self.batch_size]
             feeds, lengths = pad_rows(
-                [rows[i] for i in chunk], self.spec.tokenizer.pad_id, uses_positions
+                [rows[i] for i in chunk], self.spec.tokenizer.pad_id, positions
             )
             outputs = self.engine.run(feeds)
             for j, i in enumerate(chunk):

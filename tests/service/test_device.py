@@ -4,6 +4,7 @@ a real process: parity with the default one, a killed engine replaced, SIGTERM."
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import re
@@ -378,6 +379,7 @@ def test_the_warm_up_probe_allows_empty_slots_only_where_they_run_alike(
     from service.metrics import Metrics
     from service.state import ServiceState
 
+    caplog.set_level(logging.WARNING, logger="service.state")  # whatever the root's level
     shutil.copytree(bundle_dir / "pretrained", tmp_path / "pretrained")
     state = ServiceState(Settings(bundles=tmp_path, intra_op_threads=1), Metrics())
     state.load()
