@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 help:
 	@echo "make test    lint and run the test suite (creates $(VENV) on first use)"
 	@echo "make serve   serve the shipped bundles in bundles/ on port 8000"
-	@echo "make lint    ruff check + format check"
+	@echo "make lint    ruff check + format check + mypy (service, model, export, bench)"
 	@echo "make bench   bertserve vs the raw ceiling and the peers -> docs/benchmarks.md (~10 min)"
 	@echo "make reliability  overload, faults, hostile input -> docs/reliability.md (~2 min)"
 	@echo "make bench-minilm / reliability-minilm   the same on the MiniLM bundles -> docs/minilm/"
@@ -35,7 +35,7 @@ install: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy service
+	$(VENV)/bin/mypy service model export bench
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .

@@ -32,6 +32,7 @@ def _sentences(context: str) -> list[str]:
 def bodies(endpoint: str, data: Path, limit: int = 2000, seed: int = 0) -> list[dict]:
     """Request bodies for `endpoint` in a fixed pseudo-random order (the same on every run)."""
     rng = random.Random(seed)
+    out: list[dict]
     if endpoint == "classify":
         out = [{"inputs": e.text} for e in read_sst2(data / "sst2", "dev")]
     elif endpoint == "ner":

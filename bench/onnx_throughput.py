@@ -52,7 +52,7 @@ def main() -> None:
     options.log_severity_level = 3
 
     with tempfile.TemporaryDirectory() as tmp:
-        sessions, tasks = {}, None
+        sessions, tasks = {}, list[str]()
         for precision in ("fp32", "fp16", "int8"):
             out = Path(tmp) / precision
             spec = build_bundle(args.checkpoint, [args.task], out, precision, force=True)

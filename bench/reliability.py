@@ -22,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from bench.inputs import write_bodies
 from bench.loadgen import closed_loop, open_loop
@@ -46,7 +47,7 @@ class MemorySampler:
     """RSS of a process every `every` seconds on a thread, for the peak and the curve."""
 
     def __init__(self, pid: int, every: float = 0.5) -> None:
-        self.pid, self.every, self.samples = pid, every, []
+        self.pid, self.every, self.samples = pid, every, list[float]()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -172,7 +173,7 @@ def hostile_bodies(server) -> dict:
     """A 10 MB body (declared, and streamed without a length) and a 100,000-token text."""
     port = int(server.base.rsplit(":", 1)[1])
     pid = server.proc.pid
-    out = {}
+    out: dict[str, Any] = {}
     before = memory_mib(pid)
     big = b'{"inputs": "' + b"word " * (10 * 2**20 // 5) + b'"}'
     out["body_10mb"] = raw_post(port, "/classify", big)
@@ -203,10 +204,10 @@ def sigterm_under_load(bundles: Path, bundle: Path, bodies: Path, ready: bytes, 
         url = server.url("classify")
         result: dict = {}
 
-        def load() -> None:
+        def drive() -> None:
             result["load"] = open_loop(url, bodies, 300, 8, timeout_s=10, ids_out=ids_file)
 
-        thread = threading.Thread(target=load)
+        thread = threading.Thread(target=drive)
         thread.start()
         time.sleep(3)
         server.proc.send_signal(signal.SIGTERM)

@@ -54,7 +54,7 @@ def machine() -> dict:
 
 
 def versions() -> dict:
-    out = {}
+    out: dict[str, str | None] = {}
     for name in (
         "onnxruntime",
         "tokenizers",

@@ -55,9 +55,10 @@ def main() -> None:
                 url = server.url("classify")
                 closed_loop(url, bodies, 8, 2)  # warm-up
                 res = {c: closed_loop(url, bodies, c, 6) for c in LEVELS}
-            line = {"round": r, "layout": f"{workers}x{threads}", "c1_p50_ms": res[1].p50_ms}
+            layout = f"{workers}x{threads}"
+            line = {"round": r, "layout": layout, "c1_p50_ms": res[1].p50_ms}
             line |= {f"c{c}_req_s": res[c].throughput for c in LEVELS}
-            results.setdefault(line["layout"], []).append(line)
+            results.setdefault(layout, []).append(line)
             print(json.dumps(line), flush=True)
     print(f"\nraw batch-1 call, {os.cpu_count()} threads: {raw:.2f} ms")
     print("| workers x threads | c=1 p50 ms | c=32 req/s | c=64 req/s |")

@@ -95,7 +95,9 @@ def variant_accuracy(
 ) -> dict[str, Any]:
     """The variant against its reference graph on real texts: largest logit difference, top-1
     agreement and, with labels, the accuracy of each."""
-    ref_out, var_out, per_batch = {}, {}, []
+    ref_out: dict[str, list] = {}
+    var_out: dict[str, list] = {}
+    per_batch = []
     for start in range(0, len(texts), 64):
         feeds = sample_feeds(tokenizer, texts[start : start + 64], inputs, max_len, case_types)
         a, b = onnx_outputs(fp32, feeds), onnx_outputs(variant, feeds)
@@ -147,6 +149,15 @@ def torch_parity(
         onnx_outputs(onnx_path, feeds),
         feeds,
     )
+
+
+def head_labels(config: Any, tasks: list[str]) -> list[str] | None:
+    """The labels of a classifying or tagging head, in id order (None for other tasks)."""
+    if not any(TASK_SPECS[t].labelled for t in tasks):
+        return None
+    if config.id2label is None:
+        raise ValueError(f"a {'/'.join(tasks)} head needs id2label in the checkpoint's config")
+    return [config.id2label[i] for i in range(config.num_labels)]
 
 
 def variant_problem(result: dict[str, Any]) -> str | None:
@@ -210,6 +221,7 @@ def build_bundle(
         if precision != "fp32":
             final = work / f"{precision}.onnx"
             CONVERT[precision](work / "fp32.onnx", final)
+            problem: str | None
             if eval_data is None:
                 problem = "not measured: give --eval-data (a TSV of real text)"
             else:
@@ -243,9 +255,7 @@ def build_bundle(
             format_version=FORMAT_VERSION,
             name=out.name,
             tasks=tasks,
-            labels=[config.id2label[i] for i in range(config.num_labels)]
-            if any(TASK_SPECS[t].labelled for t in tasks)
-            else None,
+            labels=head_labels(config, tasks),
             max_seq_len=max_len,
             tokenizer={
                 "lowercase": tokenizer.lowercase,

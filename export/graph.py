@@ -14,6 +14,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -147,12 +148,13 @@ class TaskGraph(nn.Module):
         token_type_ids: Tensor,
         mask_positions: Tensor | None = None,
     ) -> tuple[Tensor, ...]:
-        m = self.model
+        m: Any = self.model  # its heads depend on the architecture, dispatched on below
         arch = m.architecture
         if arch == "BertForPreTraining":
             sequence, pooled = m.bert(input_ids, attention_mask, token_type_ids)
             outs = []
             if "fill-mask" in self.tasks:
+                assert mask_positions is not None, "a fill-mask graph takes mask_positions"
                 outs.append(m.cls.predictions(gather_positions(sequence, mask_positions)))
             if "nsp" in self.tasks:
                 outs.append(m.cls.seq_relationship(pooled))

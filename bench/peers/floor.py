@@ -18,7 +18,7 @@ ANSWER = b'[{"label":"positive","score":0.9962}]'
 HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())]
 
 
-async def app(scope: dict, receive, send) -> None:  # type: ignore[no-untyped-def]
+async def app(scope: dict, receive, send) -> None:
     if scope["type"] != "http":  # lifespan: nothing to start
         message = await receive()
         while message["type"] != "lifespan.shutdown":

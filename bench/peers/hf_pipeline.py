@@ -87,6 +87,7 @@ def build_pipeline(bundle: Path) -> TextClassificationPipeline:
 def check_same_model(pipe: TextClassificationPipeline, bundle: Path, texts: list[str]) -> float:
     """Largest logit difference between the torch model and ONNX Runtime on `texts`."""
     ort = OrtClassifier(bundle)
+    assert pipe.tokenizer is not None  # make_pipeline gives it one
     worst = 0.0
     for text in texts:
         enc = pipe.tokenizer(text, return_tensors="pt", truncation=True)

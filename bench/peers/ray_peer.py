@@ -42,7 +42,7 @@ def build(bundle: Path, max_batch: int, max_wait_s: float):
             body = await request.json()
             return await self.run(body["inputs"])
 
-    return Classifier.bind()
+    return Classifier.bind()  # type: ignore[attr-defined]  # added by @serve.deployment
 
 
 def main() -> None:

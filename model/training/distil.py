@@ -47,7 +47,7 @@ from model.checkpoint import load_model, save_model
 from model.config import BertConfig
 from model.heads import BertPreTrainedModel
 from model.sources import read_provenance, write_provenance
-from model.tokenizer import BertTokenizer
+from model.tokenizer import BertTokenizer, Encoding
 from model.training.data import tasks as data
 from model.training.finetune import (
     HEAD,
@@ -113,7 +113,8 @@ class LayerOutputs:
 
     def __init__(self, model: BertPreTrainedModel) -> None:
         self.outputs: list[Tensor] = []
-        layers = model.bert.encoder.layer  # type: ignore[union-attr]
+        bert: Any = model.bert  # every head's model has one
+        layers = bert.encoder.layer
         self.handles = [layer.register_forward_hook(self._keep) for layer in layers]
 
     def _keep(self, module: nn.Module, args: Any, output: Tensor) -> None:
@@ -139,7 +140,7 @@ def _labelled(labels: list[int]) -> list[int]:
     return [i for i, label in enumerate(labels) if label != data.IGNORE]
 
 
-def _word_positions(enc: data.QaEncoding) -> tuple[dict[int, int], dict[int, int]]:
+def _word_positions(enc: Encoding) -> tuple[dict[int, int], dict[int, int]]:
     """Context word starts and ends of one window: {char offset: token position}."""
     context = [i for i, s in enumerate(enc.sequence_ids) if s == 1]
     starts, ends = {}, {}

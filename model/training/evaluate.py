@@ -119,7 +119,9 @@ def evaluate_qa(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
     # The service's defaults (max_answer_len 15, doc_stride 128, ...), one request a question
     # so that a refused one (a question over 64 tokens) is scored as an empty answer.
     request = qa.QaRequest(inputs=[{"question": "?", "context": "?"}])
-    inputs, rows, kept = [], [], []
+    inputs: list[qa.QaWindows] = []
+    rows: list[Row] = []
+    kept: list[int | None] = []  # each example's input, or None where it was refused
     for example in examples:
         item = qa.QaInput(question=example.question, context=example.context)
         try:
@@ -131,7 +133,7 @@ def evaluate_qa(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
         inputs.extend(prepared)
         rows.extend(item_rows)
     answers = qa.TASK.finish(runner.ctx, inputs, runner.run(rows, "qa"), request)
-    predictions = [answers[k]["answer"] if k is not None else "" for k in kept]  # type: ignore[index]
+    predictions = [answers[k]["answer"] if k is not None else "" for k in kept]
     return squad_scores(predictions, [e.answers for e in examples]) | {
         "data": "SQuAD v1.1 dev",
         "parameters": request.parameters.model_dump(),
@@ -204,7 +206,7 @@ def evaluate_mlm(
     texts, gold = texts[:sentences], gold[:sentences]
     request = fill_mask.FillMaskRequest(inputs=texts, parameters={"top_k": 1, "truncation": True})
     outputs = run_task(runner, fill_mask.TASK, texts, request)
-    predicted = [o[0]["token_str"] for o in outputs]  # type: ignore[index]
+    predicted = [o[0]["token_str"] for o in outputs]
     return {
         "mlm_word_accuracy": accuracy(gold, predicted),
         "sentences": len(texts),

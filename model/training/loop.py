@@ -70,7 +70,8 @@ def build_optimizer(
     model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]
 ) -> torch.optim.AdamW:
     """AdamW; biases and LayerNorm parameters are not decayed (as in BERT)."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for name, param in model.named_parameters():
         if param.requires_grad:
             (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(param)

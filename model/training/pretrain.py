@@ -148,11 +148,13 @@ def build_model(
     if not recipe.init:
         return BertForPreTraining(model_config(recipe, tokenizer))
     source, provenance = resolve_init(recipe.init)
-    dropout = {
-        "hidden_dropout_prob": recipe.model.hidden_dropout_prob,
-        "attention_probs_dropout_prob": recipe.model.attention_probs_dropout_prob,
-    }
-    model = load_model(source, BertForPreTraining.architecture, **dropout)
+    model = load_model(
+        source,
+        BertForPreTraining.architecture,
+        hidden_dropout_prob=recipe.model.hidden_dropout_prob,
+        attention_probs_dropout_prob=recipe.model.attention_probs_dropout_prob,
+    )
+    assert isinstance(model, BertForPreTraining)  # the head asked for
     if model.config.vocab_size != tokenizer.vocab_size:
         raise ValueError(
             f"{recipe.init}: {model.config.vocab_size} embeddings for a vocabulary of "
@@ -161,7 +163,14 @@ def build_model(
     freeze(model, recipe.train.frozen_layers)
     if out is not None:
         write_provenance(out, provenance)
-    return model  # type: ignore[return-value]
+    return model
+
+
+def pretraining_model(model: torch.nn.Module) -> BertForPreTraining:
+    """The model under a DistributedDataParallel wrapper, if any."""
+    inner = unwrap(model)
+    assert isinstance(inner, BertForPreTraining)
+    return inner
 
 
 def freeze(model: BertForPreTraining, layers: int) -> None:
@@ -301,7 +310,8 @@ def pretrain(
             batch = to_tensors(train_shard.batch(rows, t.seed, epoch), d.device)
             window_tokens += int(batch["attention_mask"].sum()) * d.world
             sync = micro == t.accumulation - 1 or d.world == 1
-            context = model.no_sync() if not sync else contextlib.nullcontext()
+            # no_sync is DistributedDataParallel's (model is wrapped whenever sync can be false)
+            context = model.no_sync() if not sync else contextlib.nullcontext()  # type: ignore[operator]
             with context, autocast:
                 result = model(**batch)
                 (result.loss / t.accumulation).backward()
@@ -337,7 +347,11 @@ def pretrain(
         if step % t.eval_every == 0 or step == t.max_steps:
             if d.main:
                 result_eval = evaluate(
-                    unwrap(model), heldout, recipe.data.eval_pairs, t.micro_batch, d.device
+                    pretraining_model(model),
+                    heldout,
+                    recipe.data.eval_pairs,
+                    t.micro_batch,
+                    d.device,
                 )
                 metrics.append({"step": step, "kind": "eval", **result_eval})
                 bar.write(
@@ -353,7 +367,7 @@ def pretrain(
 
     final = None
     if step >= t.max_steps and d.main:
-        final = finish(recipe, unwrap(model), tokenizer, heldout, metrics, out, d)
+        final = finish(recipe, pretraining_model(model), tokenizer, heldout, metrics, out, d)
     d.barrier()
     d.close()
     return final

@@ -74,7 +74,7 @@ def collect_states(
 ) -> Tensor:
     """The residual stream at every real token: embedding output and the first `layers`
     layers' outputs, stacked (N x H)."""
-    bert = teacher.bert  # type: ignore[union-attr]
+    bert: Any = teacher.bert  # every head's model has one
     enc = tok.encode_batch(texts, max_length=128)
     features = Features([e.input_ids for e in enc], [e.token_type_ids for e in enc], {})
     kept: list[Tensor] = []

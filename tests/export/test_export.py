@@ -397,3 +397,17 @@ def test_convert_rewrites_a_bundle_without_its_checkpoint(checkpoints, tmp_path,
     assert main(["convert", str(bundle), "--precision", "int8", "--eval-data", str(data)]) == 2
     assert "converts only from fp32" in capsys.readouterr().err
     assert load_bundle_spec(bundle).model_sha256 == after.model_sha256  # a refusal changes nothing
+
+
+def test_a_labelled_head_without_labels_is_refused_by_name():
+    """A classifying or tagging head takes its labels from id2label, in id order; a checkpoint
+    without them is refused with the reason, not a TypeError from indexing None."""
+    from types import SimpleNamespace
+
+    from export.bundle import head_labels
+
+    labelled = SimpleNamespace(id2label={1: "positive", 0: "negative"}, num_labels=2)
+    assert head_labels(labelled, ["classify"]) == ["negative", "positive"]
+    assert head_labels(SimpleNamespace(id2label=None), ["fill-mask", "nsp"]) is None
+    with pytest.raises(ValueError, match="classify head needs id2label"):
+        head_labels(SimpleNamespace(id2label=None, num_labels=2), ["classify"])

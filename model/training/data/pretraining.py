@@ -179,7 +179,9 @@ class PairShard:
     def __len__(self) -> int:
         return len(self.index)
 
-    def batch(self, rows: Sequence[int], seed: int, epoch: int) -> dict[str, np.ndarray]:
+    def batch(
+        self, rows: Sequence[int] | np.ndarray, seed: int, epoch: int
+    ) -> dict[str, np.ndarray]:
         """Masked batch of the given pair indices, padded to max_seq_len (int64 arrays):
         input_ids, token_type_ids, attention_mask (B, S); mlm_positions, mlm_labels (B, P)
         with label -100 on unused prediction slots; next_sentence_label (B,)."""

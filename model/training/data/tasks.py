@@ -60,7 +60,7 @@ class TaggedSentence:
 
 def iob1_to_bio(tags: list[str]) -> list[str]:
     """IOB1 (I- unless two entities of a type touch, then B-) -> BIO (B- starts every entity)."""
-    out = []
+    out: list[str] = []
     for i, tag in enumerate(tags):
         if tag.startswith("I-"):
             previous = out[i - 1] if i else "O"
@@ -73,7 +73,9 @@ def iob1_to_bio(tags: list[str]) -> list[str]:
 def read_conll(directory: Path, split: str) -> list[TaggedSentence]:
     """CoNLL-2003 `eng.train` / `eng.testa` (dev) / `eng.testb` (test): word POS chunk NER."""
     name = {"train": "eng.train", "dev": "eng.testa", "test": "eng.testb"}[split]
-    sentences, words, tags = [], [], []
+    sentences: list[TaggedSentence] = []
+    words: list[str] = []
+    tags: list[str] = []
     for line in [*(directory / name).read_text(encoding="utf-8").splitlines(), ""]:
         if not line.strip() or line.startswith("-DOCSTART-"):
             if words:
