@@ -8,7 +8,8 @@ Steps (each recorded; the first failure stops the run with its reason):
 1. every bundle loads on CUDAExecutionProvider (BERTSERVE_REQUIRE_GPU's check), and which of its
    nodes ONNX Runtime left on the CPU (int8 dynamic quantisation has no CUDA kernels);
 2. every task's answers on CUDA against the CPU's, through the service's own task code, on the
-   fp32 graph and on an fp16 conversion of it;
+   fp32 graph and on an fp16 conversion of it; for a fill-mask graph, whether CUDA runs it with
+   no mask slots (the warm-up probe that lets /nsp skip the MLM head);
 3. raw ONNX Runtime at batch 1/8/32/128 x sequence 128, fp32 against fp16;
 4. /classify under load (closed loop, 64 connections, 15 s): requests/s, latency, batch sizes,
    stage times, GPU utilisation and memory from /metrics;
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -155,8 +157,27 @@ def check_answers(bundles: list[Path], work: Path) -> dict[str, Any]:
             gpu = session(path, TARGET)
             outs = dict(zip([o.name for o in gpu.get_outputs()], gpu.run(None, feeds), strict=True))
             result[name] = compare(cpu, outs)
+            if "mask_positions" in feeds:
+                result[f"{name}_without_mask_slots"] = without_slots(gpu, feeds, spec.output_axes)
         out[bundle.name] = result
     return out
+
+
+def without_slots(
+    sess: Any, feeds: dict[str, np.ndarray], axes: Mapping[str, str]
+) -> dict[str, Any]:
+    """The service's warm-up probe (ServiceState.probe_slots) on this provider: /nsp rows skip
+    the MLM head only where the graph runs with mask_positions of width 0 and gives its other
+    outputs as at width 1; otherwise the service keeps one slot a row (recorded, not a failure)."""
+    names = [o.name for o in sess.get_outputs()]
+    one = dict(zip(names, sess.run(None, feeds), strict=True))
+    empty = feeds | {"mask_positions": feeds["mask_positions"][:, :0]}
+    try:
+        none = dict(zip(names, sess.run(None, empty), strict=True))
+    except Exception as exc:  # the provider's refusal is the finding
+        return {"refused": str(exc)[:300]}
+    others = [n for n in names if axes.get(n, "sequence") != "mask"]
+    return {"max_abs_diff": max(float(np.max(np.abs(one[n] - none[n]))) for n in others)}
 
 
 def time_raw(bundle: Path, work: Path) -> dict[str, Any]:
