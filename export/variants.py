@@ -60,14 +60,21 @@ def to_int8(src: Path, dst: Path) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))
-    quantize_dynamic(
-        str(src),
-        str(dst),
-        weight_type=QuantType.QInt8,
-        per_channel=True,
-        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-    )
+    # ONNX Runtime's quantiser logs its progress on the root logger: quiet it for this call
+    # only (it once stayed at ERROR, and hid every later warning of the process).
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        quantize_dynamic(
+            str(src),
+            str(dst),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+    finally:
+        root.setLevel(level)
 
 
 def int8_embeddings(src: Path, dst: Path) -> None:

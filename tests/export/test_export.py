@@ -411,3 +411,37 @@ def test_a_labelled_head_without_labels_is_refused_by_name():
     assert head_labels(SimpleNamespace(id2label=None), ["fill-mask", "nsp"]) is None
     with pytest.raises(ValueError, match="classify head needs id2label"):
         head_labels(SimpleNamespace(id2label=None, num_labels=2), ["classify"])
+
+
+def test_int8_quantisation_leaves_the_root_log_level_as_it_found_it(tmp_path):
+    """ONNX Runtime's quantiser logs on the root logger, so to_int8 quiets it for the call. It
+    once left the root at ERROR for good, which hid every later warning of the process (a
+    service's, a test's caplog)."""
+    import logging
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from export.variants import to_int8
+
+    weight = numpy_helper.from_array(np.ones((8, 4), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [weight],
+    )
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "a.onnx"
+    )
+    root = logging.getLogger()
+    before = root.level
+    root.setLevel(logging.WARNING)
+    try:
+        to_int8(tmp_path / "a.onnx", tmp_path / "b.onnx")
+        assert root.level == logging.WARNING
+    finally:
+        root.setLevel(before)
+    assert (tmp_path / "b.onnx").stat().st_size > 0
