@@ -255,7 +255,14 @@ class ServiceState:
                 model.engine.run(feeds)
             if model.batcher.positions is not None:
                 self.probe_slots(model)
-            log.info("warmed %s in %.2f s", model.name, time.monotonic() - started)
+            log.info(
+                "warmed %s in %.2f s%s",
+                model.name,
+                time.monotonic() - started,
+                "; rows without mask slots (/nsp) skip the MLM head"
+                if model.batcher.positions == 0
+                else "",
+            )
 
     def probe_slots(self, model: Model) -> None:
         """Let rows without fill-mask slots (/nsp) skip the MLM head, when the graph runs with
