@@ -10,7 +10,7 @@ Each side runs `python -m service` from its own tree (working directory and PYTH
 serve /classify, the readiness check) at its default settings, one side at a time, alternating
 the order every round; wrk drives each endpoint closed-loop at each concurrency. The old tree
 serves its own `bundles/`; this tree serves the same model files under bundle.json format 2
-(`upgrade_v1`), so only the code differs. Machine load matters more than anything here: pause
+(`as_format_2`), so only the code differs. Machine load matters more than anything here: pause
 training first (`kill -STOP`).
 """
 
@@ -38,9 +38,9 @@ AXES = {
 }
 
 
-def upgrade_v1(src: Path, dst: Path) -> None:
-    """A format-1 bundle as format 2 (the service refuses files linked from outside a bundle,
-    so the model and tokenizer are copied)."""
+def as_format_2(src: Path, dst: Path) -> None:
+    """A bundle as format 2 in `dst`: a format-1 one upgraded, a format-2 one as it is (the
+    service refuses files linked from outside a bundle, so the files are copied)."""
     spec = json.loads((src / "bundle.json").read_text())
     if spec["format_version"] == 2:  # an old tree as recent as this one: served as it is
         shutil.copytree(src, dst, dirs_exist_ok=True)
@@ -75,7 +75,7 @@ def main() -> None:
 
     new_bundles = args.work / "bundles-v2"
     for bundle in sorted((args.old / "bundles").glob("*/bundle.json")):
-        upgrade_v1(bundle.parent, new_bundles / bundle.parent.name)
+        as_format_2(bundle.parent, new_bundles / bundle.parent.name)
     sides = {"old": (args.old, args.old / "bundles"), "new": (ROOT, new_bundles)}
     endpoints = args.endpoints.split(",")
     bodies = {e: write_bodies(e, args.data, args.work / "inputs") for e in endpoints}

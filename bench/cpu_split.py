@@ -159,7 +159,12 @@ def main() -> None:
     beside = [b for b in args.beside.split(",") if b]
     bundles = only_bundles(args.bundles, [args.bundle, *beside], args.out / "bundles")
     bodies = write_bodies(args.endpoint, args.data, args.out / "inputs")
-    ready = write_bodies("classify", args.data, args.out / "inputs").read_text().split("\n")[0]
+    classify = (
+        bodies
+        if args.endpoint == "classify"
+        else write_bodies("classify", args.data, args.out / "inputs")
+    )
+    ready = classify.read_text().split("\n")[0]
     levels = [int(x) for x in args.levels.split(",")]
     trees = dict(t.split("=", 1) for t in args.tree)
     results = []

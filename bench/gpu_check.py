@@ -32,12 +32,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from service.batching import without_slots
 from service.bundle import load_bundle_spec
 from service.engine import CPU, CUDA, Engine, EngineError, EngineOptions
 
@@ -158,26 +158,29 @@ def check_answers(bundles: list[Path], work: Path) -> dict[str, Any]:
             outs = dict(zip([o.name for o in gpu.get_outputs()], gpu.run(None, feeds), strict=True))
             result[name] = compare(cpu, outs)
             if "mask_positions" in feeds:
-                result[f"{name}_without_mask_slots"] = without_slots(gpu, feeds, spec.output_axes)
+                result[f"{name}_without_mask_slots"] = empty_slots(
+                    gpu, feeds, outs, spec.output_axes
+                )
         out[bundle.name] = result
     return out
 
 
-def without_slots(
-    sess: Any, feeds: dict[str, np.ndarray], axes: Mapping[str, str]
+def empty_slots(
+    sess: Any, feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray], axes: Any
 ) -> dict[str, Any]:
     """The service's warm-up probe (ServiceState.probe_slots) on this provider: /nsp rows skip
     the MLM head only where the graph runs with mask_positions of width 0 and gives its other
     outputs as at width 1; otherwise the service keeps one slot a row (recorded, not a failure)."""
     names = [o.name for o in sess.get_outputs()]
-    one = dict(zip(names, sess.run(None, feeds), strict=True))
-    empty = feeds | {"mask_positions": feeds["mask_positions"][:, :0]}
+
+    def run(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(names, sess.run(None, f), strict=True))
+
     try:
-        none = dict(zip(names, sess.run(None, empty), strict=True))
+        pairs = without_slots(run, feeds, outputs, axes)
     except Exception as exc:  # the provider's refusal is the finding
         return {"refused": str(exc)[:300]}
-    others = [n for n in names if axes.get(n, "sequence") != "mask"]
-    return {"max_abs_diff": max(float(np.max(np.abs(one[n] - none[n]))) for n in others)}
+    return {"max_abs_diff": max(float(np.max(np.abs(a - b))) for a, b in pairs)}
 
 
 def time_raw(bundle: Path, work: Path) -> dict[str, Any]:

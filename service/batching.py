@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -479,6 +479,20 @@ def pad_rows(
             if r.mask_positions is not None:
                 feeds["mask_positions"][i, : len(r.mask_positions)] = r.mask_positions
     return feeds, lengths
+
+
+def without_slots(
+    run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+    feeds: dict[str, np.ndarray],
+    outputs: dict[str, np.ndarray],
+    axes: Mapping[str, str],
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Run `feeds` again with a mask_positions input of width 0 and pair each output that is
+    not per mask position with its value in `outputs` (the run of `feeds` as they are): what
+    decides whether /nsp rows may skip the MLM head on this graph and provider. Raises what
+    `run` raises (a provider that refuses empty tensors)."""
+    empty = run(feeds | {"mask_positions": feeds["mask_positions"][:, :0]})
+    return [(outputs[n], empty[n]) for n in outputs if axes.get(n, "sequence") != "mask"]
 
 
 def slice_outputs(

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from service.auth import PUBLIC_PATHS
-from service.batching import Batcher
+from service.batching import Batcher, without_slots
 from service.bundle import (
     BUNDLE_FILE,
     BundleError,
@@ -251,10 +251,12 @@ class ServiceState:
         and picks kernels on first use of a shape."""
         for model in self.models.values():
             started = time.monotonic()
-            for feeds in warmup_feeds(model.spec, self.settings):
+            shapes = warmup_feeds(model.spec, self.settings)
+            first = model.engine.run(shapes[0])
+            for feeds in shapes[1:]:
                 model.engine.run(feeds)
             if model.batcher.positions is not None:
-                self.probe_slots(model)
+                self.probe_slots(model, shapes[0], first)
             log.info(
                 "warmed %s in %.2f s%s",
                 model.name,
@@ -264,25 +266,20 @@ class ServiceState:
                 else "",
             )
 
-    def probe_slots(self, model: Model) -> None:
-        """Let rows without fill-mask slots (/nsp) skip the MLM head, when the graph runs with
-        a mask_positions input of width 0 and answers its other outputs as at width 1. A 2x128
-        graph's call took 20% less so (docs/performance.md, session 17). An execution provider
-        that refuses empty tensors keeps one ignored slot a row: a warning, not a failure."""
-        feeds = warmup_feeds(model.spec, self.settings)[0]
+    def probe_slots(
+        self, model: Model, feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray]
+    ) -> None:
+        """Let rows without fill-mask slots (/nsp) skip the MLM head, when the graph runs
+        `feeds` (a warm-up shape, `outputs` its answers) with a mask_positions input of width 0
+        and answers its other outputs alike. A 2x128 graph's call took 20% less so
+        (docs/performance.md, session 17). An execution provider that refuses empty tensors
+        keeps one ignored slot a row: a warning, not a failure."""
         try:
-            one = model.engine.run(feeds)
-            none = model.engine.run(feeds | {"mask_positions": feeds["mask_positions"][:, :0]})
+            pairs = without_slots(model.engine.run, feeds, outputs, model.spec.output_axes)
         except Exception as exc:  # any refusal keeps the safe width
             log.warning("%s: no empty mask_positions (%r); one slot a row", model.name, exc)
             return
-        axes = model.spec.output_axes
-        same = all(
-            np.allclose(one[name], none[name], rtol=1e-3, atol=1e-4)
-            for name in one
-            if axes.get(name, "sequence") != "mask"
-        )
-        if same:
+        if all(np.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in pairs):
             model.batcher.positions = 0
         else:
             log.warning("%s: answers differ without mask slots; one slot a row", model.name)

@@ -108,7 +108,7 @@ def test_transformers_peer_serves_the_bundles_own_weights(checkpoints, tmp_path)
 def test_ab_serves_an_old_format_bundle_unchanged(task, checkpoints, tmp_path):
     """bench.ab gives this code the old code's own model files: a format-1 bundle.json becomes
     format 2 with the same model, and the axes the outputs have."""
-    from bench.ab import upgrade_v1
+    from bench.ab import as_format_2
     from export.bundle import build_bundle
     from service.bundle import check_model_file, load_bundle_spec
 
@@ -121,12 +121,12 @@ def test_ab_serves_an_old_format_bundle_unchanged(task, checkpoints, tmp_path):
         v1.pop(key, None)
     (old / "bundle.json").write_text(json.dumps(v1 | {"format_version": 1}))
 
-    upgrade_v1(old, tmp_path / "up")
+    as_format_2(old, tmp_path / "up")
     spec = load_bundle_spec(tmp_path / "up")
     check_model_file(tmp_path / "up", spec)
     assert spec.output_axes == current.output_axes
     assert spec.model_sha256 == current.model_sha256
-    upgrade_v1(tmp_path / "v2", tmp_path / "same")  # a recent tree's bundle: copied as it is
+    as_format_2(tmp_path / "v2", tmp_path / "same")  # a recent tree's bundle: copied as it is
     assert (tmp_path / "same" / "bundle.json").read_bytes() == (
         tmp_path / "v2" / "bundle.json"
     ).read_bytes()
