@@ -162,8 +162,10 @@ PAIRS = [
 
 def test_nsp_mixed_with_fill_mask(server, checkpoints):
     """/nsp equals BertForPreTraining's next-sentence head (transformers has no NSP pipeline),
-    alone and while /fill-mask rows share its batches: the /nsp rows send no mask slots (width
-    0 once the warm-up probe allowed it), the fill-mask rows theirs."""
+    alone and with /fill-mask requests sent at the same time, so that their rows may share
+    batches (whether they did is the batcher's timing; tests/service/test_device.py pads the
+    two kinds into one call directly): the /nsp rows send no mask slots once the warm-up probe
+    allowed it, and both answers stay right."""
     directory = checkpoints["BertForPreTraining"]
     model = transformers.BertForPreTraining.from_pretrained(directory).eval()
     tokenizer = transformers.BertTokenizerFast(vocab_file=str(directory / "vocab.txt"))
