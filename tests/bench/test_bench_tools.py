@@ -311,3 +311,25 @@ def test_cpu_split_refuses_a_ceiling_for_another_endpoint(monkeypatch, capsys):
         cpu_split.main()
     assert exc.value.code == 2
     assert "only with classify" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spin", [False, True])
+def test_idle_gap_times_the_call_and_not_the_gap_before_it(spin):
+    """bench.idle_gap's cells differ only in the idle time before each call: that time (slept or
+    spun) must stay out of the median, or every gapped cell would read gap + call."""
+    import time
+
+    from bench.idle_gap import call_ms
+
+    class Engine:
+        calls = 0
+
+        def run(self, feeds):
+            Engine.calls += 1
+            time.sleep(0.002)
+
+    started = time.perf_counter()
+    ms = call_ms(Engine(), [{}] * 5, gap_s=0.02, spin=spin)
+    assert Engine.calls == 5
+    assert time.perf_counter() - started >= 5 * 0.022  # the gaps were spent
+    assert 2.0 <= ms < 10.0  # and the median is the call's 2 ms, not gap + call
