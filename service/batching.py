@@ -6,7 +6,7 @@ them. When the model is free, the batching loop takes what is queued: batches fo
 model is busy, so a lone request never waits for company and a loaded server runs full batches.
 With `max_wait_ms` > 0 it also waits, up to that long after the oldest row arrived, for a batch
 to fill (row cap or token budget). It drops rows whose request was cancelled (client gone),
-whose deadline passed (504), or that have been queued past `max_queue_time_ms` (429 with
+whose deadline passed (504), or whose first call would end past `max_queue_time_ms` (429 with
 Retry-After: admission's estimate of the wait was outrun), and picks the oldest row plus the
 rows closest to it in length, so padding stays small. It stops adding rows where the padding
 they bring costs more model time than another call would (`CallCost`, measured as it serves):
@@ -147,8 +147,8 @@ class Batcher:
             r: metrics.dropped.labels(name, r) for r in ("cancelled", "expired", "overdue")
         }
         self._overdue = (
-            f"model {name}: queued over {settings.max_queue_time_ms:g} ms (the limit); "
-            "retry shortly"
+            f"model {name}: queued too long to answer within {settings.max_queue_time_ms:g} ms "
+            "(the limit); retry shortly"
         )
         self._depth = metrics.queue_depth.labels(name)
         self._rows = metrics.batch_rows.labels(name)
@@ -333,11 +333,16 @@ class Batcher:
 
     def _select(self) -> list[_Item]:
         now = time.monotonic()
-        # The bound on a request's wait for its turn: past the batch window and the batch the
-        # model may be busy with when the request arrives (a slow model's batch can take longer
-        # than the bound itself).
+        # The bound is on when a request's first call ends: the batch chosen now ends about a
+        # cycle from now, so a request that has waited past the limit (and the batch window)
+        # less a cycle is refused. It may always wait out one batch, the one the model was busy
+        # with when it arrived: a slow model's batch can take longer than the bound itself.
         limit_ms = self.settings.max_queue_time_ms
-        overdue = (limit_ms + self.settings.max_wait_ms) / 1000 + self.cycle_s if limit_ms else 0.0
+        overdue = (
+            max((limit_ms + self.settings.max_wait_ms) / 1000 - self.cycle_s, self.cycle_s)
+            if limit_ms
+            else 0.0
+        )
         live = []
         for item in self._items:
             if item.future.done():

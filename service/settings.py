@@ -146,10 +146,11 @@ class Settings(BaseSettings):
     max_queue_time_ms: float = Field(
         750.0,
         ge=0,
-        description="how long an admitted request may wait for its first sequence to reach the "
-        "model, beyond the batch window (max_wait_ms) and the batch the model is busy with: the "
-        "bound on max_queue_wait_ms's estimate, which an event loop busy with a flood can "
-        "outrun; past it 429 with Retry-After instead of a late answer; 0: off",
+        description="by when an admitted request's first model call must end, from its arrival "
+        "(plus the batch window, max_wait_ms), at the call time measured so far: a request whose "
+        "call would end later is answered 429 with Retry-After instead of late, though it may "
+        "always wait out the batch the model was busy with when it arrived. The bound on "
+        "max_queue_wait_ms's estimate, which an event loop busy with a flood can outrun; 0: off",
     )
     request_timeout_s: float = Field(30.0, gt=0, description="queue deadline; past it 504")
     max_client_batch: int = Field(32, ge=1, description="inputs in one request")

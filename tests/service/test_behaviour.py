@@ -127,10 +127,11 @@ def test_admission_limit_gives_429_with_retry_after(bundle_dir):
 
 def test_requests_queued_past_max_queue_time_get_429_not_a_late_answer(bundle_dir):
     """Admission estimates the wait from the rate measured so far; when the model turns out
-    slower (here: from 0 to 0.6 s a call, one row a call), a request still waiting for its turn
-    max_queue_time_ms after the batch the model was busy with is answered 429 with Retry-After,
-    without running, instead of seconds late. A request already started runs to the end: its
-    later rows wait behind its first by design."""
+    slower (here: from 0 to 0.6 s a call, one row a call, a call longer than the 0.2 s limit), a
+    request may still wait out the batch the model was busy with when it arrived, and one still
+    waiting after that is answered 429 with Retry-After, without running, instead of seconds
+    late. A request already started runs to the end: its later rows wait behind its first by
+    design."""
     settings = {"max_queue_time_ms": 200, "max_queue_wait_ms": 0, "max_batch_rows": 1}
     with live_server(bundles=bundle_dir, **settings) as live:
         backend = wrap(live, "sentiment", delay=0.6)
@@ -149,7 +150,7 @@ def test_requests_queued_past_max_queue_time_get_429_not_a_late_answer(bundle_di
         codes = [r.status_code for r in responses]
         assert codes[0] == 200 and sorted(codes[1:]) == [200, 429, 429], codes
         late = next(r for r in responses if r.status_code == 429)
-        assert late.headers["retry-after"] == "1" and "queued over 200 ms" in late.json()["error"]
+        assert late.headers["retry-after"] == "1" and "within 200 ms" in late.json()["error"]
         assert backend.calls == 2  # the refused requests never ran
         assert (
             metric(live, "bertserve_dropped_rows_total", model="sentiment", reason="overdue") == 2
@@ -159,6 +160,33 @@ def test_requests_queued_past_max_queue_time_get_429_not_a_late_answer(bundle_di
         with live.client() as c:  # six rows, one a call: the last waits 1.5 s, and is served
             response = c.post("/classify", json={"inputs": [f"text {i}" for i in range(6)]})
         assert response.status_code == 200 and len(response.json()) == 6
+
+
+def test_max_queue_time_bounds_when_the_first_call_ends_not_when_it_starts(bundle_dir):
+    """With 0.3 s calls (one row a call) and a 1 s limit, a request whose call would start at
+    0.9 s would end at 1.2 s: it is refused, where a bound on the wait alone (1 s after the busy
+    batch) would serve it late. Served ones end by 0.9 s, within the limit."""
+    settings = {"max_queue_time_ms": 1000, "max_queue_wait_ms": 0, "max_batch_rows": 1}
+    with live_server(bundles=bundle_dir, **settings) as live:
+        backend = wrap(live, "sentiment", delay=0.3)
+        with live.client() as c:  # measure the call time first: one call, nothing waiting
+            assert c.post("/classify", json={"inputs": "warm"}).status_code == 200
+        backend.calls = 0
+
+        async def burst():
+            async with httpx.AsyncClient(base_url=live.url, timeout=20) as c:
+                first = asyncio.create_task(c.post("/classify", json={"inputs": "first"}))
+                await until(lambda: backend.calls == 1)  # the model is busy with it
+                rest = [c.post("/classify", json={"inputs": f"text {i}"}) for i in range(4)]
+                return await asyncio.gather(first, *rest)
+
+        responses = asyncio.run(burst())
+        # The four queued calls would end about 0.6, 0.9, 1.2 and 1.5 s after they arrived.
+        codes = [r.status_code for r in responses]
+        assert codes[0] == 200 and sorted(codes[1:]) == [200, 200, 429, 429], codes
+        assert backend.calls == 3
+        served = [r for r in responses[1:] if r.status_code == 200]
+        assert all(r.elapsed.total_seconds() < 1.0 for r in served), [r.elapsed for r in served]
 
 
 def test_full_queue_sheds_load_before_reading_the_body(bundle_dir):
