@@ -335,11 +335,14 @@ class Batcher:
         now = time.monotonic()
         # The bound is on when a request's first call ends: the batch chosen now ends about a
         # cycle from now, so a request that has waited past the limit (and the batch window)
-        # less a cycle is refused. It may always wait out one batch, the one the model was busy
-        # with when it arrived: a slow model's batch can take longer than the bound itself.
+        # less a cycle is refused. It may always wait out the batch the model was busy with
+        # when it arrived, as a slow model's batch can take longer than the bound itself: taken
+        # as one and a half measured cycles, since a row that came just as that batch began has
+        # waited a whole cycle and the loop's turn, which varies.
+        window = self.settings.max_wait_ms / 1000
         limit_ms = self.settings.max_queue_time_ms
         overdue = (
-            max((limit_ms + self.settings.max_wait_ms) / 1000 - self.cycle_s, self.cycle_s)
+            max(limit_ms / 1000 + window - self.cycle_s, window + 1.5 * self.cycle_s)
             if limit_ms
             else 0.0
         )
