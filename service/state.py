@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -302,6 +303,12 @@ class ServiceState:
             log.exception("warm-up failed: liveness now fails")
             self.failed = f"warm-up failed: {type(exc).__name__}"
             return
+        # What start-up made (modules, models, tokenizers) lives as long as the process: move it
+        # out of the collector's sight. Otherwise each full collection walks all of it, finding
+        # nothing, and under a flood they came every few seconds and held the event loop up to
+        # 122 ms each (docs/performance.md, session 18).
+        gc.collect()
+        gc.freeze()
         self.warmed = True
         self.metrics.ready.set(1)
 

@@ -313,6 +313,21 @@ def test_readiness_is_false_until_warm(bundle_dir, monkeypatch):
         assert c.post("/classify", json={"inputs": "now"}).status_code == 200
 
 
+def test_what_start_up_made_is_out_of_the_collectors_sight_once_ready(bundle_dir):
+    """Models, tokenizers and modules live as long as the process: once warm they are frozen
+    (gc.freeze), so a full collection under load does not walk them (it held the loop up to
+    122 ms under a flood). Objects made while serving are still collected."""
+    with live_server(bundles=bundle_dir) as live, live.client() as c:
+        state = live.app.state.service
+        tracked = {id(o) for o in gc.get_objects()}  # generations 0-2: what collections walk
+        assert gc.get_freeze_count() > 0
+        assert id(state) not in tracked and id(state.models) not in tracked
+        assert c.post("/classify", json={"inputs": "still served"}).status_code == 200
+        cycle: list = []
+        cycle.append(cycle)
+        assert id(cycle) in {id(o) for o in gc.get_objects()}  # new objects: collected as ever
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "message"),
     [
