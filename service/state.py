@@ -305,8 +305,8 @@ class ServiceState:
             return
         # What start-up made (modules, models, tokenizers) lives as long as the process: move it
         # out of the collector's sight. Otherwise each full collection walks all of it, finding
-        # nothing, and under a flood they came every few seconds and held the event loop up to
-        # 122 ms each (docs/performance.md, session 18).
+        # next to nothing, and under a flood they came every few seconds and held the event loop
+        # up to 122 ms each (docs/performance.md, session 18).
         gc.collect()
         gc.freeze()
         self.warmed = True
