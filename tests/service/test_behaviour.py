@@ -125,6 +125,20 @@ def test_admission_limit_gives_429_with_retry_after(bundle_dir):
         assert "retry shortly" in refused.json()["error"]
 
 
+def behind_a_busy_call(live, backend, count: int) -> list[httpx.Response]:
+    """One /classify request, then, once the model is busy with it, `count` more at once: the
+    responses, the first request's first."""
+
+    async def burst():
+        async with httpx.AsyncClient(base_url=live.url, timeout=20) as c:
+            first = asyncio.create_task(c.post("/classify", json={"inputs": "first"}))
+            await until(lambda: backend.calls == 1)
+            rest = [c.post("/classify", json={"inputs": f"text {i}"}) for i in range(count)]
+            return await asyncio.gather(first, *rest)
+
+    return asyncio.run(burst())
+
+
 def test_requests_queued_past_max_queue_time_get_429_not_a_late_answer(bundle_dir):
     """Admission estimates the wait from the rate measured so far; when the model turns out
     slower (here: from 0 to 0.6 s a call, one row a call, a call longer than the 0.2 s limit), a
@@ -135,16 +149,8 @@ def test_requests_queued_past_max_queue_time_get_429_not_a_late_answer(bundle_di
     settings = {"max_queue_time_ms": 200, "max_queue_wait_ms": 0, "max_batch_rows": 1}
     with live_server(bundles=bundle_dir, **settings) as live:
         backend = wrap(live, "sentiment", delay=0.6)
-
-        async def burst():
-            async with httpx.AsyncClient(base_url=live.url, timeout=20) as c:
-                first = asyncio.create_task(c.post("/classify", json={"inputs": "first"}))
-                await until(lambda: backend.calls == 1)  # the model is busy with it
-                rest = [c.post("/classify", json={"inputs": f"text {i}"}) for i in range(3)]
-                return await asyncio.gather(first, *rest)
-
-        responses = asyncio.run(burst())
-        # The queued one the model took next waited one batch (0.6 s, within 0.2 s + the batch)
+        responses = behind_a_busy_call(live, backend, 3)
+        # The queued one the model took next waited out the batch it arrived behind (0.6 s)
         # and is served; the other two waited longer. Which of the three arrived first is the
         # network's choice (three connections at once), so their order is not asserted.
         codes = [r.status_code for r in responses]
@@ -172,15 +178,7 @@ def test_max_queue_time_bounds_when_the_first_call_ends_not_when_it_starts(bundl
         with live.client() as c:  # measure the call time first: one call, nothing waiting
             assert c.post("/classify", json={"inputs": "warm"}).status_code == 200
         backend.calls = 0
-
-        async def burst():
-            async with httpx.AsyncClient(base_url=live.url, timeout=20) as c:
-                first = asyncio.create_task(c.post("/classify", json={"inputs": "first"}))
-                await until(lambda: backend.calls == 1)  # the model is busy with it
-                rest = [c.post("/classify", json={"inputs": f"text {i}"}) for i in range(4)]
-                return await asyncio.gather(first, *rest)
-
-        responses = asyncio.run(burst())
+        responses = behind_a_busy_call(live, backend, 4)
         # The four queued calls would end about 0.6, 0.9, 1.2 and 1.5 s after they arrived.
         codes = [r.status_code for r in responses]
         assert codes[0] == 200 and sorted(codes[1:]) == [200, 200, 429, 429], codes
