@@ -20,6 +20,8 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
+
 from service.batching import pad_rows
 from service.bundle import load_bundle_spec
 from service.engine import Engine
@@ -73,15 +75,32 @@ def ceiling(
     }
 
 
-def single_latency_ms(engine: Engine, rows: list, pad_id: int, count: int = 300) -> float:
-    """Median time of one batch-1 model call, over the first `count` inputs."""
+def single_feeds(rows: list, pad_id: int, count: int) -> list[dict[str, np.ndarray]]:
+    """One batch-1 call's inputs for each of the first `count` rows (repeated if fewer)."""
+    return [pad_rows([r], pad_id, None)[0] for r in (rows * (1 + count // len(rows)))[:count]]
+
+
+def call_ms(engine: Engine, feeds: list, gap_s: float = 0.0, spin: bool = False) -> float:
+    """Median ms of one call each over `feeds`; with `gap_s`, each call after that long idle,
+    slept or spun on the clock (`bench.idle_gap`), the idle time not counted."""
     times = []
-    for r in (rows * (1 + count // len(rows)))[:count]:
-        feeds, _ = pad_rows([r], pad_id, None)
+    for f in feeds:
+        if gap_s:
+            if spin:
+                until = time.perf_counter() + gap_s
+                while time.perf_counter() < until:
+                    pass
+            else:
+                time.sleep(gap_s)
         started = time.perf_counter()
-        engine.run(feeds)
+        engine.run(f)
         times.append(time.perf_counter() - started)
     return 1000 * statistics.median(times)
+
+
+def single_latency_ms(engine: Engine, rows: list, pad_id: int, count: int = 300) -> float:
+    """Median time of one batch-1 model call, back to back, over the first `count` inputs."""
+    return call_ms(engine, single_feeds(rows, pad_id, count))
 
 
 def measure(bundle: Path, bodies: Path, seconds: float = 3.0) -> dict:

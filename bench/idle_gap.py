@@ -16,33 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 from pathlib import Path
 
-from bench.ceiling import classify_rows, load
+from bench.ceiling import call_ms, classify_rows, load, single_feeds
 from bench.inputs import write_bodies
-from service.batching import pad_rows
-from service.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def call_ms(engine: Engine, feeds: list, gap_s: float, spin: bool) -> float:
-    """Median ms of one call each over `feeds`, each call after `gap_s` idle (slept or spun)."""
-    times = []
-    for f in feeds:
-        if gap_s:
-            if spin:
-                until = time.perf_counter() + gap_s
-                while time.perf_counter() < until:
-                    pass
-            else:
-                time.sleep(gap_s)
-        started = time.perf_counter()
-        engine.run(f)
-        times.append(time.perf_counter() - started)
-    return 1000 * statistics.median(times)
 
 
 def main() -> None:
@@ -64,7 +43,7 @@ def main() -> None:
     for threads in (int(t) for t in args.threads.split(",")):
         engine, ctx = load(args.bundle, threads)
         pad = ctx.spec.tokenizer.pad_id
-        feeds = [pad_rows([r], pad, None)[0] for r in classify_rows(ctx, bodies)[: args.count]]
+        feeds = single_feeds(classify_rows(ctx, bodies), pad, args.count)
         call_ms(engine, feeds[:20], 0.0, False)  # warm-up
         for r in range(args.rounds):
             for name, gap_s, spin in cells if r % 2 == 0 else cells[::-1]:

@@ -319,7 +319,7 @@ def test_idle_gap_times_the_call_and_not_the_gap_before_it(spin):
     spun) must stay out of the median, or every gapped cell would read gap + call."""
     import time
 
-    from bench.idle_gap import call_ms
+    from bench.ceiling import call_ms
 
     class Engine:
         calls = 0
