@@ -68,7 +68,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
                 file=sys.stderr,
             )
             return 2
-    if settings.worker_count == 1 and not settings.engine_process:
+    if (
+        settings.worker_count == 1
+        and not settings.engine_process
+        and not settings.max_worker_rss_mb
+    ):
         from service.server import run_worker
 
         return run_worker(settings)

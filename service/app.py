@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.asgi import SAFE_ID, replaying
-from service.auth import PUBLIC_PATHS, check_key
+from service.auth import PUBLIC_PATHS, authorizations, check_key
 from service.docs import mount_docs
 from service.errors import (
     HttpError,
@@ -40,6 +40,11 @@ from service.tasks import TASKS
 
 log = logging.getLogger("service.access")
 ENDPOINTS = {*TASKS, "/health/live", "/health/ready", "/metrics", "/models"}
+# A retiring worker (replaced for its memory) closes each connection after its answer.
+RETIRING_HEADERS: dict[bool, tuple[tuple[bytes, bytes], ...]] = {
+    False: (),
+    True: ((b"connection", b"close"),),
+}
 
 
 class BodyLimit:
@@ -55,7 +60,9 @@ class BodyLimit:
         self.app, self.limit, self.timeout = app, limit, timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["method"] != "POST":
+            # Only the task routes (POST) read a body: a GET that declares one is answered
+            # without waiting for it, so it cannot hold the request open.
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         declared = headers.get(b"content-length")
@@ -96,6 +103,8 @@ class RequestContext:
     def __init__(self, app: ASGIApp, state: ServiceState) -> None:
         self.app, self.state = app, state
         self.keys = state.settings.keys()
+        token = state.settings.metrics_token
+        self.metrics_keys = (token.get_secret_value().encode(),) if token is not None else ()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -114,6 +123,7 @@ class RequestContext:
                 msg["headers"] = [
                     *msg.get("headers", []),
                     (b"x-request-id", request_id.encode("latin-1")),
+                    *RETIRING_HEADERS[self.state.retiring],
                 ]
             await send(msg)
 
@@ -123,21 +133,28 @@ class RequestContext:
         # up: requests that reach their headers in the same loop turn all pass the protocol's
         # check before any of them is counted (and any other server has no protocol check).
         # Then the API key, before the body is read or parsed.
-        refusal = self.state.refusal(scope["method"], scope["path"])
+        path = scope["path"]
+        refusal = self.state.refusal(scope["method"], path)
+        keys = self.metrics_keys if path == "/metrics" else self.keys
         if refusal is not None:
             app = service_error_response(refusal, metrics)
-        elif self.keys and scope["path"] not in PUBLIC_PATHS:
+        elif keys and (path not in PUBLIC_PATHS or path == "/metrics"):
             try:
-                check_key(self.keys, headers.get(b"authorization"))
+                check_key(keys, authorizations(scope["headers"]))
             except Unauthorized as exc:
                 app = service_error_response(exc, metrics)
-        self.state.in_flight += 1
-        metrics.in_flight.inc()
+        # The probes and /metrics answer from memory and hold no slot: they never count
+        # against max_in_flight, so no number of them can crowd out keyed work.
+        counted = path not in PUBLIC_PATHS
+        if counted:
+            self.state.in_flight += 1
+            metrics.in_flight.inc()
         try:
             await app(scope, receive, send_with_id)
         finally:
-            self.state.in_flight -= 1
-            metrics.in_flight.dec()
+            if counted:
+                self.state.in_flight -= 1
+                metrics.in_flight.dec()
             elapsed = time.perf_counter() - started
             endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
             metrics.request_done(endpoint, status, elapsed if scope["method"] == "POST" else None)

@@ -1,5 +1,7 @@
 """API keys: one check, made by the outermost middleware before a body is read, for every path
-but the probes and /metrics (docs/security.md says why those stay open)."""
+but the probes and /metrics (docs/security.md says why those stay open; BERTSERVE_METRICS_TOKEN
+puts /metrics behind a token of its own). The HTTP protocol uses `authorized` too, to tell
+keyed connections from anonymous ones (service.protocol)."""
 
 from __future__ import annotations
 
@@ -11,17 +13,29 @@ PUBLIC_PATHS = frozenset({"/health/live", "/health/ready", "/metrics"})
 MIN_KEY_LENGTH = 16
 
 
-def check_key(keys: tuple[bytes, ...], authorization: bytes | None) -> None:
-    """Raise Unauthorized unless `authorization` is `Bearer <one of keys>`. Every key is compared
-    in constant time, so neither a key's length nor its prefix leaks through timing."""
-    if not keys:
-        return
-    scheme, _, given = (authorization or b"").partition(b" ")
+def authorizations(headers: list[tuple[bytes, bytes]]) -> list[bytes]:
+    """Every Authorization header of a request (names lower-cased, as ASGI and uvicorn give)."""
+    return [value for name, value in headers if name == b"authorization"]
+
+
+def authorized(keys: tuple[bytes, ...], given: list[bytes]) -> bool:
+    """Whether `given` (a request's Authorization headers) is one `Bearer <one of keys>`. Every
+    key is compared in constant time, so neither a key's length nor its prefix leaks through
+    timing. Two headers are refused: proxies and servers disagree on which one counts."""
+    if len(given) != 1:
+        return False
+    scheme, _, token = given[0].partition(b" ")
     ok = False
     for key in keys:
-        ok |= hmac.compare_digest(given.strip(), key)
-    if scheme.lower() != b"bearer" or not ok:
+        ok |= hmac.compare_digest(token.strip(), key)
+    return ok and scheme.lower() == b"bearer"
+
+
+def check_key(keys: tuple[bytes, ...], given: list[bytes]) -> None:
+    """Raise Unauthorized unless `given` passes `authorized` (no keys: every request does)."""
+    if keys and not authorized(keys, given):
+        many = " (one Authorization header, not several)" if len(given) > 1 else ""
         raise Unauthorized(
-            "send an API key as 'Authorization: Bearer <key>'",
+            f"send an API key as 'Authorization: Bearer <key>'{many}",
             headers={"WWW-Authenticate": "Bearer"},
         )

@@ -211,6 +211,7 @@ class EngineServer:
             if settings.warmup:  # before the supervisor hears "ready", also after a restart
                 for feeds in warmup_feeds(spec, settings):
                     engine.run(feeds)
+            engine.warmed()
 
             def observe(n: int, r: int, name: str = spec.name) -> None:
                 parts.labels(name).observe(n)

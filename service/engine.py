@@ -47,6 +47,10 @@ class EngineOptions:
     gpu_mem_limit: int = 0  # bytes for ORT's arena; 0: no limit
     arena_extend_strategy: str = "kNextPowerOfTwo"  # or kSameAsRequested
     cudnn_conv_algo_search: str = "EXHAUSTIVE"  # HEURISTIC, DEFAULT
+    # The CPU memory arena (docs/deploy.md, "Memory"; measured by bench.arena): "shrink" keeps
+    # it for calls no larger than the warm-up's and gives back what a larger call grew it by;
+    # "arena" keeps every high-water mark; "no-arena" allocates each tensor from the system.
+    cpu_arena: str = "shrink"
     # TF32 off: fp32 answers then match the CPU's within the export's 1e-4 (on, they differ by
     # about 1e-3). Speed on a GPU comes from fp16 bundles, not from TF32.
     use_tf32: bool = False
@@ -126,6 +130,7 @@ class Engine:
             "session.intra_op.allow_spinning", "1" if options.spinning else "0"
         )
         session_options.log_severity_level = 2  # warnings too: caught and re-logged below
+        session_options.enable_cpu_mem_arena = options.cpu_arena != "no-arena"
         path = directory / spec.model_file
         providers: list[Any] = [(p, options.cuda_options()) if p == CUDA else p for p in requested]
         failure: Exception | None = None
@@ -182,5 +187,25 @@ class Engine:
                 f"{path}: graph inputs/outputs {self.inputs}/{self.outputs} differ from bundle.json"
             )
 
+        self.cpu_arena = options.cpu_arena
+        self.warm_tokens = 0  # the largest call so far while warming up (`warmed`)
+        self._warming = True
+        if self.cpu_arena == "shrink" and self.provider == CPU:
+            self._shrink: Any = ort.RunOptions()
+            self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        else:
+            self._shrink = None
+
+    def warmed(self) -> None:
+        """The warm-up is over: a call larger than its largest now gives its growth back."""
+        self._warming = False
+
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self.outputs, self.session.run(self.outputs, feeds), strict=True))
+        ids = feeds["input_ids"]
+        options = None
+        if self._shrink is not None:
+            if self._warming:
+                self.warm_tokens = max(self.warm_tokens, ids.size)
+            elif ids.size > self.warm_tokens:
+                options = self._shrink
+        return dict(zip(self.outputs, self.session.run(self.outputs, feeds, options), strict=True))

@@ -53,6 +53,10 @@ class RequestTimeout(ServiceError):
     status, error_type = 408, "timeout"
 
 
+class HeadersTooLarge(ServiceError):
+    status, error_type = 431, "too_large"
+
+
 class DeadlineExceeded(ServiceError):
     status, error_type = 504, "timeout"
 

@@ -20,6 +20,7 @@ from service.batching import Row, RowResult, gather
 from service.errors import InvalidInput, TooLarge
 from service.state import Model, ServiceState
 from service.tasks import Task
+from service.tasks.common import checkpoint, deadline_check, unwatch, watch
 
 
 async def handle(
@@ -36,7 +37,26 @@ async def handle(
 
     A request's own work is bounded before it is done (`Task.check_cost`), and a large one
     prepares and decodes on a worker thread: the event loop, which answers every other client
-    and the probes, never runs one request's tokenising or decoding for long."""
+    and the probes, never runs one request's tokenising or decoding for long. Its deadline
+    (request_timeout_s) and its client's leaving stop it between stages and inside the tasks'
+    long loops (`checkpoint`): 504 or 499, never a late 200."""
+    settings = state.settings
+    gone = disconnected.done if isinstance(disconnected, asyncio.Future) else lambda: False
+    token = watch(deadline_check(time.monotonic() + settings.request_timeout_s, gone))
+    try:
+        return await _handle(state, task, body, model_name, stats, disconnected)
+    finally:
+        unwatch(token)
+
+
+async def _handle(
+    state: ServiceState,
+    task: Task,
+    body: BaseModel | Any,
+    model_name: str | None,
+    stats: dict[str, Any],
+    disconnected: Gone | None,
+) -> Any:
     request = body if isinstance(body, task.request) else task.request.model_validate(body)
     model = pick_model(state, task, request, model_name)
     items, single = task.inputs(request)
@@ -48,7 +68,27 @@ async def handle(
             f"{len(items)} inputs in one request; the limit is {settings.max_client_batch}"
         )
     cost = task.check_cost(model.ctx, items, request, settings)
-    off_loop = cost > settings.inline_cost
+    if cost <= settings.inline_cost:
+        return await _run(state, task, model, items, single, request, stats, disconnected, False)
+    try:
+        return await _run(state, task, model, items, single, request, stats, disconnected, True)
+    finally:  # what its tokenising and decoding freed goes back to the system (service.memory)
+        if state.trimmer.due():
+            await asyncio.to_thread(state.trimmer.trim)
+
+
+async def _run(
+    state: ServiceState,
+    task: Task,
+    model: Model,
+    items: list[Any],
+    single: bool,
+    request: Any,
+    stats: dict[str, Any],
+    disconnected: Gone | None,
+    off_loop: bool,
+) -> Any:
+    settings = state.settings
     stage = state.metrics.stages(task.path)
     t0 = time.perf_counter()
     if off_loop:
@@ -56,6 +96,7 @@ async def handle(
     else:
         rows, prepared = task.prepare(model.ctx, items, request)
     t1 = time.perf_counter()
+    checkpoint()
     limit = min(settings.max_request_rows, settings.max_queue_rows)  # more could never be admitted
     if len(rows) > limit:  # a 100,000-token text: refused before it is queued or computed
         raise TooLarge(
@@ -65,6 +106,7 @@ async def handle(
     stats.update(model=model.name, rows=len(rows), tokens=sum(len(r) for r in rows))
     results = await submit(model, rows, disconnected)
     t2 = time.perf_counter()
+    checkpoint()
     if off_loop:
         body_out = await asyncio.to_thread(
             finish, task, model, prepared, results, request, single, rows, settings
@@ -72,6 +114,7 @@ async def handle(
     else:
         body_out = finish(task, model, prepared, results, request, single, rows, settings)
     t3 = time.perf_counter()
+    checkpoint()  # a client that left while its answer was made: logged 499, not 200
     # The request waited for its slowest row: that is its queue and inference time, in the
     # stage histograms and in the access log alike.
     queue_s = max((r.queue_s for r in results), default=0.0)

@@ -10,6 +10,7 @@ depth, in-flight requests and open connections are summed over the live processe
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
@@ -90,6 +91,7 @@ class GpuCollector:
 class Metrics:
     def __init__(self) -> None:
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self._scraped: tuple[float, bytes] | None = None  # (when, text): scrape()
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -212,6 +214,16 @@ class Metrics:
         if self.gpus is not None:
             text += generate_latest(self.gpus)
         return text
+
+    def scrape(self, max_age: float) -> bytes:
+        """`exposition()`, reused while it is younger than `max_age` seconds: a collection
+        costs about 15 ms of the event loop with several workers' files to merge, and eight
+        clients scraping in a loop pushed /classify's p50 from 4 to 403 ms."""
+        now = time.monotonic()
+        cached = self._scraped
+        if cached is None or now - cached[0] >= max_age:
+            cached = self._scraped = (now, self.exposition())
+        return cached[1]
 
     def stages(self, endpoint: str) -> dict[str, Any]:
         """The stage-latency histograms of `endpoint`, by stage."""

@@ -1,9 +1,15 @@
-"""uvicorn's httptools HTTP/1.1 protocol with two guards that act before a request becomes an
-ASGI task (so they cost a few microseconds, not a request's worth of Python):
+"""uvicorn's httptools HTTP/1.1 protocol with guards that act before a request becomes an ASGI
+task (so they cost a few microseconds, not a request's worth of Python):
 
 - a header timeout: a client that opens a connection, or starts a request on a kept-alive one,
   and does not finish its request line and headers within `header_timeout` seconds gets a 408
   and the connection is closed (uvicorn itself waits forever: slowloris);
+- a header size limit: a request line and headers past `max_header_bytes` get a 431 and the
+  connection is closed, before the parser has buffered them (httptools buffers any size);
+- anonymous connections (API keys set; `Connections`): a connection counts as keyed once a
+  request on it carries a valid key. Past `max_anonymous` of the others, or past the process's
+  connection cap, the oldest idle anonymous ones are closed, so clients without a key cannot
+  take the connections keyed clients need;
 - a gate (`ServiceState.refusal`): while the service drains, or when it is past its in-flight or
   connection cap, or every model for the path has a full queue, the request is answered here
   with a pre-encoded 503/429 and `Retry-After` once its bytes are in, and its body is dropped
@@ -19,6 +25,7 @@ import asyncio
 import fcntl
 import termios
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
@@ -27,7 +34,8 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from service.asgi import CONNECTION_LOST, SAFE_ID
-from service.errors import RequestTimeout, ServiceError
+from service.auth import authorizations, authorized
+from service.errors import HeadersTooLarge, NotReady, RequestTimeout, ServiceError
 
 
 def encode(error: ServiceError, request_id: bytes | None = None) -> bytes:
@@ -45,6 +53,39 @@ def encode(error: ServiceError, request_id: bytes | None = None) -> bytes:
 TIMEOUT_RESPONSE = encode(
     RequestTimeout("the request headers did not arrive in time", {"Connection": "close"})
 )
+CROWDED_RESPONSE = NotReady(
+    "too many connections without an API key are open; send one", {"Connection": "close"}
+)
+
+
+@dataclass
+class Connections:
+    """One server's connections that have sent no valid API key yet, oldest first, and the caps
+    that close the idle ones among them (`keys` empty: no key is asked for, none is anonymous)."""
+
+    keys: tuple[bytes, ...] = ()
+    max_anonymous: int = 256
+    max_connections: int = 2048
+    anonymous: dict[GuardedProtocol, None] = field(default_factory=dict)
+
+    def make_room(self, total: int) -> None:
+        """Close the oldest idle anonymous connections until both caps hold (`total`: every
+        open connection). A busy one (a request in progress or a refusal held) is left, and so
+        is the newest, the connection just made."""
+        excess = max(len(self.anonymous) - self.max_anonymous, total - self.max_connections)
+        for protocol in list(self.anonymous)[:-1]:
+            if excess <= 0:
+                return
+            if protocol.idle:
+                protocol.transport.close()
+                del self.anonymous[protocol]
+                excess -= 1
+
+    def crowded(self, protocol: GuardedProtocol) -> bool:
+        """An anonymous request that finds the anonymous cap full of busy connections."""
+        return protocol in self.anonymous and len(self.anonymous) > self.max_anonymous
+
+
 Gate = Callable[[str, str, int], "ServiceError | None"]  # (method, path, connections) -> refusal
 Refused = Callable[[str, ServiceError], None]  # count it: (path, refusal)
 Opened = Callable[[int], None]  # a connection opened (+1) or closed (-1)
@@ -56,9 +97,11 @@ def guarded_protocol(
     refused: Refused | None = None,
     refusal_delay: float = 0.0,
     opened: Opened | None = None,
+    max_header_bytes: int = 32_768,
+    connections: Connections | None = None,
 ) -> type[HttpToolsProtocol]:
-    """The protocol class for one server, with its own timeout, gate, refusal delay and count
-    of open connections."""
+    """The protocol class for one server, with its own timeout, gate, refusal delay, count of
+    open connections, header limit and anonymous connections."""
     return type(
         "GuardedProtocol",
         (GuardedProtocol,),
@@ -68,6 +111,8 @@ def guarded_protocol(
             "refused": staticmethod(refused) if refused else None,
             "opened": staticmethod(opened) if opened else None,
             "refusal_delay": refusal_delay,
+            "max_header_bytes": max_header_bytes,
+            "policy": connections or Connections(),
         },
     )
 
@@ -78,14 +123,26 @@ class GuardedProtocol(HttpToolsProtocol):
     refused: Refused | None = None
     opened: Opened | None = None
     refusal_delay = 0.0
+    max_header_bytes = 32_768
+    policy = Connections()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_timer: asyncio.TimerHandle | None = None
         self._refusal: ServiceError | None = None
         self._refusal_path = ""
-        self._held: bytes | None = None  # an overload refusal waiting out refusal_delay
+        # A refusal waiting out refusal_delay, and whether the connection closes after it.
+        self._held: tuple[bytes, bool] | None = None
         self._held_timer: asyncio.TimerHandle | None = None
+        self._in_head = True  # reading a request line and headers (the size limit counts them)
+        self._head_bytes = 0
+        self._tail = b""  # the last bytes of the head so far: its end may straddle two reads
+
+    @property
+    def idle(self) -> bool:
+        """No request in progress and no refusal held: closing it loses nothing."""
+        busy = self.cycle is not None and not self.cycle.response_complete
+        return not busy and self._held is None and not self.transport.is_closing()
 
     # --- the header timeout: armed from a request's first byte to its last header -------------
 
@@ -95,6 +152,30 @@ class GuardedProtocol(HttpToolsProtocol):
         if self.opened is not None:
             self.opened(1)
         self._arm()
+        if self.policy.keys:
+            self.policy.anonymous[self] = None
+            self.policy.make_room(len(self.connections))
+
+    # --- the header size limit ----------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            seen = self._tail + data
+            end = seen.find(b"\r\n\r\n")
+            size = self._head_bytes + (len(data) if end < 0 else end + 4 - len(self._tail))
+            if size > self.max_header_bytes:
+                self._in_head = False
+                if not self.transport.is_closing():
+                    limit = f"{self.max_header_bytes:,}"
+                    too_large = HeadersTooLarge(
+                        f"the request line and headers are over {limit} bytes",
+                        {"Connection": "close"},
+                    )
+                    self.transport.write(encode(too_large))
+                    self.transport.close()
+                return
+            self._head_bytes, self._tail = size, seen[-3:]
+        super().data_received(data)
 
     def on_message_begin(self) -> None:
         self._release(idle_after=False)  # pipelined behind a held refusal: that goes first
@@ -105,6 +186,7 @@ class GuardedProtocol(HttpToolsProtocol):
             self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.policy.anonymous.pop(self, None)
         if not self._lost.done():
             self._lost.set_result(None)  # requests waiting for the model drop their rows
         if self.opened is not None:
@@ -165,11 +247,19 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        self._in_head, self._head_bytes, self._tail = False, 0, b""
+        policy = self.policy
+        if self in policy.anonymous:
+            del policy.anonymous[self]  # keyed from now on, or the newest anonymous one
+            if not authorized(policy.keys, authorizations(self.headers)):
+                policy.anonymous[self] = None
         idle = self.cycle is None or self.cycle.response_complete  # not behind a pipelined one
         if self.gate is not None and idle and not self.parser.should_upgrade():
             method = self.parser.get_method().decode("ascii")
             path = httptools.parse_url(self.url).path.decode("ascii", "replace")
             refusal = self.gate(method, path, len(self.connections))
+            if refusal is None and policy.crowded(self):
+                refusal = CROWDED_RESPONSE
             if refusal is not None:
                 self._refusal, self._refusal_path = refusal, path
                 return
@@ -182,6 +272,7 @@ class GuardedProtocol(HttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._in_head = True
         refusal = self._refusal
         if refusal is None:
             return super().on_message_complete()
@@ -194,11 +285,10 @@ class GuardedProtocol(HttpToolsProtocol):
         if request_id is not None and not SAFE_ID.fullmatch(request_id.decode("latin-1")):
             request_id = None
         response = encode(refusal, request_id)
-        if refusal.headers.get("Connection") == "close" or not self.parser.should_keep_alive():
-            self.transport.write(response)
-            self.transport.close()
-            return
-        self._held = response
+        close = refusal.headers.get("Connection") == "close" or not self.parser.should_keep_alive()
+        # Held for refusal_delay also when the connection closes after it: a client that sends
+        # `Connection: close` must not get its refusals faster than one that keeps it open.
+        self._held = (response, close)
         if self.refusal_delay > 0:
             self._held_timer = self.loop.call_later(self.refusal_delay, self._release)
         else:
@@ -210,11 +300,14 @@ class GuardedProtocol(HttpToolsProtocol):
         if self._held_timer is not None:
             self._held_timer.cancel()
             self._held_timer = None
-        response, self._held = self._held, None
-        if response is None or self.transport.is_closing():
+        held, self._held = self._held, None
+        if held is None or self.transport.is_closing():
             return
+        response, close = held
         self.transport.write(response)
-        if idle_after:
+        if close:
+            self.transport.close()
+        elif idle_after:
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.timeout_keep_alive, self.timeout_keep_alive_handler
             )

@@ -85,7 +85,10 @@ for _task in TASKS.values():
 ops = APIRouter()
 
 
-@ops.get("/health/live", responses={503: {"model": schemas.ErrorBody}})
+# HEAD too: load balancers and uptime checkers probe with it.
+@ops.api_route(
+    "/health/live", methods=["GET", "HEAD"], responses={503: {"model": schemas.ErrorBody}}
+)
 async def live(request: Request) -> Response:
     """Fails once start-up has failed for good (a warm-up that raised), so that the
     orchestrator restarts the process instead of keeping one that will never be ready."""
@@ -95,7 +98,9 @@ async def live(request: Request) -> Response:
     return JSONResponse({"status": "alive"})
 
 
-@ops.get("/health/ready", responses={503: {"model": schemas.ErrorBody}})
+@ops.api_route(
+    "/health/ready", methods=["GET", "HEAD"], responses={503: {"model": schemas.ErrorBody}}
+)
 async def ready(request: Request) -> Response:
     state = state_of(request)
     providers = sorted({m.engine.provider for m in state.models.values()})
@@ -116,7 +121,9 @@ async def ready(request: Request) -> Response:
     responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}},
 )
 async def metrics(request: Request) -> Response:
-    return PlainTextResponse(state_of(request).metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+    state = state_of(request)
+    text = state.metrics.scrape(state.settings.metrics_cache_s)
+    return PlainTextResponse(text, media_type=CONTENT_TYPE_LATEST)
 
 
 @ops.get("/models")

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import json
 import logging
 import resource
+import signal
 import socket
 import struct
 import sys
@@ -17,7 +19,8 @@ from types import FrameType
 import orjson
 import uvicorn
 
-from service.protocol import guarded_protocol
+from service.memory import rss_mb
+from service.protocol import Connections, guarded_protocol
 from service.settings import Settings
 
 
@@ -130,13 +133,11 @@ class DrainingServer(uvicorn.Server):
         state,
         drain_timeout: float,
         slot: int | None = None,
-        ready_flags=None,
-        connection_counts=None,
+        shared=None,
     ) -> None:
         super().__init__(config)
         self.state, self.drain_timeout = state, drain_timeout
-        self.slot, self.ready_flags = slot, ready_flags
-        self.connection_counts = connection_counts  # every worker's open connections, shared
+        self.slot, self.shared = slot, shared  # service.supervisor.Shared, with the others
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._listeners: list[socket.socket] = []
@@ -162,7 +163,7 @@ class DrainingServer(uvicorn.Server):
             for listener in self._listeners:
                 if accept_queue_length(listener) is not None:
                     self._watch(listener)
-            if self.ready_flags is not None:
+            if self.shared is not None:
                 self._tasks.append(loop.create_task(self._publish_readiness()))
             if self.slot in (None, 0):  # one worker speaks for all
                 self._tasks.append(loop.create_task(self._announce()))
@@ -191,7 +192,12 @@ class DrainingServer(uvicorn.Server):
         self._publish_connections()
         # 0 or unreadable: libuv's accept may have taken it meanwhile; try one all the same.
         waiting = accept_queue_length(listener) or 1
-        for _ in range(accept_share(waiting, self.slot, self.connection_counts)):
+        counts, mine = (
+            self.shared.active_connections(self.slot)
+            if self.shared is not None and self.slot is not None
+            else (None, None)
+        )
+        for _ in range(accept_share(waiting, mine, counts)):
             try:
                 conn, _ = listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -209,9 +215,9 @@ class DrainingServer(uvicorn.Server):
     def _publish_connections(self) -> None:
         """This worker's open connections (the ones being set up included), in its slot of the
         shared counts the workers split new connections by."""
-        if self.connection_counts is not None and self.slot is not None:
+        if self.shared is not None and self.slot is not None:
             mine = len(self.server_state.connections) + len(self._adopting)
-            self.connection_counts[self.slot] = mine
+            self.shared.connections[self.slot] = mine
 
     def _rewatch(self, listener: socket.socket) -> None:
         if listener.fileno() >= 0 and not self.state.draining and not self.should_exit:
@@ -241,12 +247,47 @@ class DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
     async def _publish_readiness(self) -> None:
-        """This worker's own readiness, in its slot: every worker's /health/ready reads all."""
-        assert self.ready_flags is not None and self.slot is not None
-        while True:
-            self.ready_flags[self.slot] = 1 if self.state.ready_here else 0
+        """This worker's own readiness, in its slot: every worker's /health/ready reads all.
+        And once a second its resident memory: past max_worker_rss_mb it asks the supervisor
+        for a successor (service.supervisor.Supervisor.recycle)."""
+        assert self.shared is not None and self.slot is not None
+        ceiling = self.state.settings.max_worker_rss_mb
+        for tick in itertools.count():
+            self.shared.ready[self.slot] = 1 if self.state.ready_here else 0
             self._publish_connections()  # closed ones too, between the acceptor's wake-ups
+            if ceiling and tick % 20 == 0 and not self.shared.recycle[self.slot]:
+                resident = rss_mb()
+                if resident > ceiling:
+                    logging.getLogger("service").warning(
+                        "%.0f MB resident, over max_worker_rss_mb %d: asking for a successor",
+                        resident,
+                        ceiling,
+                    )
+                    self.shared.recycle[self.slot] = 1
             await asyncio.sleep(0.05)
+
+    def retire(self) -> None:
+        """SIGUSR1: a successor serves in this worker's place. Accept nothing more, answer what
+        was admitted and what already waits on this worker's connections (each closed after
+        its answer), close the idle ones, then exit. Unlike a drain, nothing is refused and
+        the shared accept queue is left to the other workers."""
+        if self._loop is None or self.state.retiring or self.state.draining:
+            return
+        self.state.retiring = True
+        logging.getLogger("service").info("retiring: a successor serves in this one's place")
+        loop = self._loop
+        loop.call_soon_threadsafe(lambda: loop.create_task(self._retire()))
+
+    async def _retire(self) -> None:
+        self.stop_accepting()
+        deadline = time.monotonic() + self.drain_timeout
+        while time.monotonic() < deadline:
+            for connection in list(self.server_state.connections):
+                connection.shutdown()  # closes it once idle; one with a request waiting reads it
+            if not self.server_state.connections and self.state.in_flight == 0:
+                break
+            await asyncio.sleep(0.02)
+        self.should_exit = True
 
     async def _announce(self) -> None:
         while not self.state.ready:
@@ -363,6 +404,10 @@ def uvicorn_config(app, settings: Settings) -> uvicorn.Config:
             functools.partial(count_refusal, state),
             settings.refusal_delay_ms / 1000,
             state.metrics.open_connections.inc,
+            settings.max_header_bytes,
+            Connections(
+                settings.keys(), settings.max_anonymous_connections, settings.max_connections
+            ),
         ),
         loop="auto",
         access_log=False,
@@ -381,12 +426,11 @@ def run_worker(
     settings: Settings,
     sockets: list[socket.socket] | None = None,
     slot: int | None = None,
-    ready_flags=None,
-    connection_counts=None,
+    shared=None,
 ) -> int:
-    """Serve until SIGTERM has drained: alone (binding the port itself), or as worker `slot` of
-    the supervisor's, on its shared listening socket, with every worker's readiness in
-    `ready_flags`. Returns the process exit status."""
+    """Serve until SIGTERM has drained (or SIGUSR1 retired it): alone (binding the port
+    itself), or as worker `slot` of the supervisor's, on its shared listening socket, with
+    every worker's readiness in `shared` (service.supervisor.Shared). Returns the exit status."""
     from service.app import create_app
 
     configure_logging(settings.log_level)
@@ -394,13 +438,18 @@ def run_worker(
         warn_if_exposed(settings)
     app = create_app(settings)
     state = app.state.service
-    if ready_flags is not None and slot is not None:
+    if shared is not None and slot is not None:
         state.worker = slot
-        state.peers_ready = lambda: all(ready_flags)
+        state.peers_ready = shared.all_ready
     raise_open_files(settings.max_connections)
     config = uvicorn_config(app, settings)
-    server = DrainingServer(
-        config, state, settings.drain_timeout_s, slot, ready_flags, connection_counts
-    )
+    server = DrainingServer(config, state, settings.drain_timeout_s, slot, shared)
+    if shared is not None:
+        signal.signal(signal.SIGUSR1, lambda sig, frame: server.retire())
+    elif settings.max_worker_rss_mb:
+        logging.getLogger("service").warning(
+            "max_worker_rss_mb is set, but this process has no supervisor to replace it "
+            "(python -m service starts one whenever max_worker_rss_mb is set)"
+        )
     server.run(sockets=sockets)
     return 0 if server.started else 1

@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     device_id: int = Field(0, ge=0, description="CUDA device (one process per device)")
     gpu_mem_limit: int = Field(0, ge=0, description="bytes for ONNX Runtime's CUDA arena; 0: none")
     arena_extend_strategy: Literal["kNextPowerOfTwo", "kSameAsRequested"] = "kNextPowerOfTwo"
+    cpu_arena: Literal["shrink", "arena", "no-arena"] = Field(
+        "shrink",
+        description="ONNX Runtime's CPU memory arena: 'shrink' gives back what a call larger "
+        "than the warm-up's grew it by; 'arena' keeps every high-water mark; 'no-arena' "
+        "allocates from the system (docs/deploy.md, Memory)",
+    )
     cudnn_conv_algo_search: Literal["EXHAUSTIVE", "HEURISTIC", "DEFAULT"] = "EXHAUSTIVE"
     use_tf32: bool = Field(
         False, description="TF32 matmuls on CUDA: faster fp32, answers ~1e-3 from the CPU's"
@@ -172,6 +178,36 @@ class Settings(BaseSettings):
         description="requests carrying more characters tokenise and decode on a worker "
         "thread, so the event loop stays responsive",
     )
+    max_header_bytes: int = Field(
+        32_768,
+        ge=1024,
+        description="largest request line and headers; past it 431 and the connection closed",
+    )
+    max_anonymous_connections: int = Field(
+        256,
+        ge=1,
+        description="with API keys set: connections that have not sent a valid key a process "
+        "keeps; past it the oldest idle ones are closed, and their requests refused 503, so "
+        "clients without a key cannot take the connections keyed clients need",
+    )
+    metrics_token: SecretStr | None = Field(
+        None,
+        description="a bearer token /metrics then asks for (Prometheus' authorization "
+        "credentials); unset: /metrics is open, like the probes",
+    )
+    metrics_cache_s: float = Field(
+        1.0,
+        ge=0,
+        description="a /metrics scrape is reused for this long, so scraping in a loop costs a "
+        "copy, not a collection; 0: collected on every scrape",
+    )
+    max_worker_rss_mb: int = Field(
+        0,
+        ge=0,
+        description="a worker whose resident memory passes this is replaced: the supervisor "
+        "starts a new one, and once it is ready the old one stops accepting and finishes what "
+        "it admitted; 0: never (docs/deploy.md sizes it)",
+    )
     header_timeout_s: float = Field(
         10.0, gt=0, description="a client must send its request headers within this"
     )
@@ -219,7 +255,10 @@ class Settings(BaseSettings):
     def _consistent(self) -> Settings:
         if self.max_batch_tokens < self.max_batch_rows:
             raise ValueError("max_batch_tokens must be at least max_batch_rows")
-        short = [k for k in self.keys() if len(k) < MIN_KEY_LENGTH]
+        tokens = [*self.keys()]
+        if self.metrics_token is not None:
+            tokens.append(self.metrics_token.get_secret_value().encode())
+        short = [k for k in tokens if len(k) < MIN_KEY_LENGTH]
         if short:
             raise ValueError(
                 f"an API key has {len(short[0])} characters; use at least {MIN_KEY_LENGTH} "
@@ -253,6 +292,7 @@ class Settings(BaseSettings):
             device_id=self.device_id,
             gpu_mem_limit=self.gpu_mem_limit,
             arena_extend_strategy=self.arena_extend_strategy,
+            cpu_arena=self.cpu_arena,
             cudnn_conv_algo_search=self.cudnn_conv_algo_search,
             use_tf32=self.use_tf32,
         )

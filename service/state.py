@@ -25,6 +25,7 @@ from service.bundle import (
 from service.device import RemoteBackend
 from service.engine import Engine
 from service.errors import NotFound, NotReady, Overloaded, ServiceError
+from service.memory import Trimmer
 from service.metrics import Metrics
 from service.settings import Settings
 from service.tasks import CAPABILITIES, TASKS
@@ -86,6 +87,8 @@ class ServiceState:
     defaults: dict[str, Model] = field(default_factory=dict)  # task -> the model without ?model=
     worker: int | None = None  # this process's slot among the supervisor's workers
     peers_ready: Callable[[], bool] = lambda: True  # every worker ready (workers > 1)
+    retiring: bool = False  # replaced for its memory: finishing its connections (server.py)
+    trimmer: Trimmer = field(default_factory=Trimmer)
     _warming: asyncio.Task[None] | None = None
 
     @property
@@ -297,6 +300,9 @@ class ServiceState:
         try:
             if self.settings.warmup:
                 await asyncio.to_thread(self.warm_up)
+            for model in self.models.values():
+                if isinstance(model.engine, Engine):
+                    model.engine.warmed()
         except Exception as exc:
             # A model that cannot run its warm-up shapes will not serve: say so on liveness,
             # so Kubernetes restarts the pod instead of keeping a process that is never ready.

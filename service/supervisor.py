@@ -9,6 +9,9 @@ each with its own ONNX Runtime sessions and a share of the cores. It:
 - points prometheus_client's multiprocess mode at one directory, so that any worker's /metrics
   is the whole service (counters summed, histograms merged, gauges as service.metrics says);
 - replaces a worker that dies (and forgets its live gauges);
+- replaces a worker whose memory passed `max_worker_rss_mb` without a gap: the new one starts in
+  a spare slot, and only once it is ready does the old one stop accepting, finish what it
+  admitted and close its connections (SIGUSR1, `server.DrainingServer.retire`);
 - on SIGTERM, passes the signal on, lets go of the port (the workers answer its accept queue
   and close it as they finish) and waits for every worker to drain.
 
@@ -30,6 +33,7 @@ import socket
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -64,31 +68,61 @@ def engine_process_main(values: dict[str, Any], address: str, ready: Any) -> Non
     engine_main(values, address, ready)
 
 
-def worker_main(
-    values: dict[str, Any], sock: socket.socket, slot: int, ready_flags: Any, connections: Any
-) -> None:
+def worker_main(values: dict[str, Any], sock: socket.socket, slot: int, shared: Shared) -> None:
     from service.server import run_worker
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which drains
     stop_with_the_supervisor()
-    raise SystemExit(run_worker(Settings(**values), [sock], slot, ready_flags, connections))
+    raise SystemExit(run_worker(Settings(**values), [sock], slot, shared))
+
+
+@dataclass
+class Shared:
+    """What the supervisor and its workers share, a slot a worker (one of them spare): each
+    one's readiness (then the engine process's), open connections (each accepts its share of
+    new ones: service.server.ACCEPT_BURST), whether readiness counts it, and its call for a
+    successor (over max_worker_rss_mb)."""
+
+    ready: Any
+    connections: Any
+    counted: Any
+    recycle: Any
+
+    @classmethod
+    def create(cls, slots: int, engine: bool) -> Shared:
+        return cls(
+            SPAWN.Array("b", slots + engine, lock=False),
+            SPAWN.Array("i", slots, lock=False),
+            SPAWN.Array("b", slots, lock=False),
+            SPAWN.Array("b", slots, lock=False),
+        )
+
+    def all_ready(self) -> bool:
+        """Every counted worker, and the engine process if there is one, is ready."""
+        slots = len(self.counted)
+        workers = all(r or not c for r, c in zip(self.ready[:slots], self.counted, strict=True))
+        return workers and all(self.ready[slots:])
+
+    def active_connections(self, slot: int) -> tuple[list[int], int]:
+        """The open connections of the counted workers and `slot`, and `slot`'s index there."""
+        mine = [i for i in range(len(self.counted)) if self.counted[i] or i == slot]
+        return [self.connections[i] for i in mine], mine.index(slot)
 
 
 class Supervisor:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.count = settings.worker_count
-        # One readiness byte a worker, and one for the engine process if there is one.
-        self.ready = SPAWN.Array("b", self.count + settings.engine_process, lock=False)
-        # Each worker's open connections, so that each accepts its share of new ones
-        # (service.server.ACCEPT_BURST).
-        self.connections = SPAWN.Array("i", self.count, lock=False)
+        self.slots = self.count + 1  # one spare: a recycled worker's successor starts there
+        self.shared = Shared.create(self.slots, settings.engine_process)
+        self.ready = self.shared.ready
         self.engine: Any = None
         self.engine_ready: Any = None
         self.engine_served = False
         self.engine_address = ""
-        self.workers: list[Any] = [None] * self.count
-        self.served = [False] * self.count  # has this slot's current process ever been ready?
+        self.workers: list[Any] = [None] * self.slots
+        self.served = [False] * self.slots  # has this slot's current process ever been ready?
+        self.recycling: tuple[int, int] | None = None  # (old slot, its successor's)
         self.stopping = False
         self.failed = False
         self.sock: socket.socket | None = None
@@ -114,7 +148,7 @@ class Supervisor:
         return values
 
     def start_engine(self, directory: str) -> None:
-        self.ready[self.count] = 0
+        self.ready[self.slots] = 0
         self.engine_served = False
         self.engine_address = os.path.join(directory, "engine.sock")
         with contextlib.suppress(FileNotFoundError):
@@ -133,10 +167,10 @@ class Supervisor:
         before it was ever ready stops the service). False: stop."""
         if self.engine_ready.is_set():
             self.engine_served = True
-            self.ready[self.count] = 1
+            self.ready[self.slots] = 1
         if self.engine.is_alive():
             return True
-        self.ready[self.count] = 0
+        self.ready[self.slots] = 0
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(self.engine.pid)
@@ -150,15 +184,19 @@ class Supervisor:
         self.start_engine(directory)
         return True
 
-    def start(self, slot: int, sock: socket.socket) -> None:
+    def start(self, slot: int, sock: socket.socket, counted: bool = True) -> None:
+        """A worker in `slot`; `counted`: readiness waits for it (a successor is counted only
+        once it is ready)."""
         self.ready[slot] = 0
-        self.connections[slot] = 0
+        self.shared.connections[slot] = 0
+        self.shared.counted[slot] = int(counted)
+        self.shared.recycle[slot] = 0
         self.served[slot] = False
         values = self.values()
         values["port"] = sock.getsockname()[1]
         process = SPAWN.Process(
             target=worker_main,
-            args=(values, sock, slot, self.ready, self.connections),
+            args=(values, sock, slot, self.shared),
             name=f"bertserve-{slot}",
         )
         process.start()
@@ -208,6 +246,8 @@ class Supervisor:
                     self.served[slot] |= bool(self.ready[slot])
                     if not self.stopping and process is not None and not process.is_alive():
                         self.replace(slot, process, sock)
+                if not self.stopping:
+                    self.recycle(sock)
                 engine_lost = self.engine is not None and not self.watch_engine(engine_dir)
                 if engine_lost and not self.stopping:
                     self.failed = True
@@ -231,10 +271,44 @@ class Supervisor:
             self.engine.kill()
         log.info("engine process exited with %s", self.engine.exitcode)
 
+    def recycle(self, sock: socket.socket) -> None:
+        """A worker over its memory ceiling gets a successor in the spare slot; once that is
+        ready, it takes the old one's place in readiness and the old one retires."""
+        shared = self.shared
+        if self.recycling is None:
+            # The spare slot is free again once the last worker retired has exited.
+            spare = next((i for i, p in enumerate(self.workers) if p is None), None)
+            for slot, process in enumerate(self.workers):
+                if spare is None:
+                    return
+                if shared.counted[slot] and shared.recycle[slot] and process.is_alive():
+                    log.warning(
+                        "worker %d (pid %d) is over %d MB resident: starting its successor",
+                        slot,
+                        process.pid,
+                        self.settings.max_worker_rss_mb,
+                    )
+                    self.start(spare, sock, counted=False)
+                    self.recycling = (slot, spare)
+                    return
+            return
+        old, new = self.recycling
+        if self.ready[new]:
+            shared.counted[new], shared.counted[old] = 1, 0
+            self.recycling = None
+            process = self.workers[old]
+            if process is not None and process.is_alive():
+                log.info("worker %d is ready: worker %d (pid %d) retires", new, old, process.pid)
+                os.kill(process.pid, signal.SIGUSR1)
+
     def replace(self, slot: int, process: Any, sock: socket.socket) -> None:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(process.pid)
+        if not self.shared.counted[slot] and self.served[slot]:  # retired: its slot is spare
+            log.info("worker %d (pid %d) retired with %s", slot, process.pid, process.exitcode)
+            self.workers[slot] = None
+            return
         if not self.served[slot]:  # it never got ready: a new one would fail the same way
             log.error(
                 "worker %d (pid %d) exited with %s before it was ready: stopping",
@@ -272,6 +346,7 @@ class Supervisor:
         for process in self.workers:
             if process is not None:
                 process.join(max(0.0, deadline - time.monotonic()))
-        codes = [p.exitcode for p in self.workers if p is not None]
+        # A successor still starting when the signal came ends by it, having served nothing.
+        codes = [p.exitcode for i, p in enumerate(self.workers) if p is not None and self.served[i]]
         log.info("workers exited with %s", codes)
         return 0 if all(code == 0 for code in codes) else 1

@@ -1,9 +1,12 @@
 """What every task shares: the `Task` interface of the registry, the bundle's tokenizer, text
-validation, rows, and softmax."""
+validation, truncation, the request's deadline, rows, and softmax."""
 
 from __future__ import annotations
 
+import contextvars
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -14,7 +17,7 @@ from tokenizers import Encoding, Tokenizer
 
 from service.batching import Row, RowResult
 from service.bundle import BundleSpec
-from service.errors import InvalidInput, TooLarge
+from service.errors import ClientGone, DeadlineExceeded, InvalidInput, TooLarge
 
 
 class Task:
@@ -130,21 +133,115 @@ class TaskContext:
         """Encode without cutting; an encoding longer than the model takes is a 413 unless the
         request asked to truncate (refused before tokenising when its words alone are too
         many)."""
-        if not truncate and min_tokens(text) + min_tokens(pair or "") > self.max_len:
-            raise self.too_long(min_tokens(text) + min_tokens(pair or ""), "at least ")
         if truncate:
-            self.windowing.enable_truncation(self.max_len, strategy="longest_first")
-            return self.windowing.encode(text, pair)
-        enc = self.tokenizer.encode(text, pair)
-        if len(enc.ids) > self.max_len:
+            return self.truncated(text, pair)
+        if min_tokens(text) + min_tokens(pair or "") > self.max_len:
+            raise self.too_long(min_tokens(text) + min_tokens(pair or ""), "at least ")
+        enc = tokenize(self.tokenizer, text, pair)
+        if len(enc) > self.max_len:
             raise self.too_long(len(enc.ids))
         return enc
+
+    def truncated(self, text: str, pair: str | None) -> Encoding:
+        """The encoding `tokenizers`' longest_first truncation gives, in time and memory linear
+        in the texts. The library's own builds every overflow combination of a pair, which
+        grows with the product of the lengths (8k characters a side: 16,509 encodings and
+        +1.5 GB); here each side is encoded alone, the split is the library's, and each side
+        is cut to its share before the pair template joins them."""
+        tok = self.tokenizer
+        sides = tok.encode_batch([text] if pair is None else [text, pair], add_special_tokens=False)
+        first, second = sides[0], (sides[1] if pair is not None else None)
+        budget = self.max_len - tok.num_special_tokens_to_add(pair is not None)
+        keep_first, keep_second = longest_first(
+            len(first), len(second) if second is not None else 0, budget
+        )
+        first = self.clipped(text, first, keep_first)
+        if second is not None and pair is not None:
+            second = self.clipped(pair, second, keep_second)
+        return tok.post_process(first, second)
+
+    def clipped(self, text: str, enc: Encoding, keep: int) -> Encoding:
+        """`enc` (of `text`) cut to its first `keep` pieces. The text is cut after the word that
+        holds the last piece kept, so the pieces kept are those of the whole text, and encoded
+        again: truncating the whole encoding would keep its rest as overflow."""
+        if len(enc) <= keep:
+            return enc
+        end, word = keep, enc.token_to_word(keep - 1)
+        while word is not None and end < len(enc) and enc.token_to_word(end) == word:
+            end += 1
+        span = enc.token_to_chars(end - 1)
+        head = text[: span[1]] if span else text
+        cut = tokenize(self.tokenizer, head, add_special_tokens=False)
+        cut.truncate(keep)
+        return cut
 
     def too_long(self, tokens: int, qualifier: str = "") -> TooLarge:
         return TooLarge(
             f"input is {qualifier}{tokens} tokens; the model takes {self.max_len}. "
             'Shorten it or send "parameters": {"truncation": true}'
         )
+
+
+def tokenize(
+    tok: Tokenizer, text: str, pair: str | None = None, add_special_tokens: bool = True
+) -> Encoding:
+    """One encoding. A long text goes through `encode_batch`, which lets the GIL go for the
+    whole call: a worker thread's `encode` of a 100k-character text was seen to hold it for
+    100-150 ms (scripted beside a 1 ms ticker), and the event loop with it."""
+    if len(text) + len(pair or "") < 2048:
+        return tok.encode(text, pair, add_special_tokens=add_special_tokens)
+    item = text if pair is None else (text, pair)
+    return tok.encode_batch([item], add_special_tokens=add_special_tokens)[0]
+
+
+def longest_first(first: int, second: int, budget: int) -> tuple[int, int]:
+    """How many pieces of each side `tokenizers`' longest_first truncation keeps: all, if they
+    fit; else the shorter side whole and the longer cut to the rest; else half each, the longer
+    side (the second, if equal) taking the odd piece."""
+    if first + second <= budget:
+        return first, second
+    short, long_ = sorted((first, second))
+    long_ = short if short > budget else max(short, budget - short)
+    if short + long_ > budget:
+        short, long_ = budget // 2, budget // 2 + budget % 2
+    return (long_, short) if first > second else (short, long_)
+
+
+# The running request's check (`checkpoint`): set by the handler, copied into the worker thread
+# that prepares or finishes a large request, absent in evaluation.
+_CHECK: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "bertserve_request_check", default=None
+)
+
+
+def deadline_check(deadline: float, gone: Callable[[], bool]) -> Callable[[], None]:
+    """A check that raises once `deadline` (time.monotonic) has passed or `gone()` says the
+    client left: 504 or 499, and the request's work stops there."""
+
+    def check() -> None:
+        if gone():
+            raise ClientGone("client closed the connection")
+        if time.monotonic() > deadline:
+            raise DeadlineExceeded("the request ran past its deadline (request_timeout_s)")
+
+    return check
+
+
+def watch(check: Callable[[], None] | None) -> contextvars.Token:
+    """Make `check` the current request's; `unwatch` the token it returns when it is done."""
+    return _CHECK.set(check)
+
+
+def unwatch(token: contextvars.Token) -> None:
+    _CHECK.reset(token)
+
+
+def checkpoint() -> None:
+    """Stop here if the current request's client left or its deadline passed. Called between
+    items and windows of the long loops, so no step runs on for a request nobody awaits."""
+    check = _CHECK.get()
+    if check is not None:
+        check()
 
 
 def min_tokens(text: str) -> int:

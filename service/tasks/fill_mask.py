@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from service.batching import Row, RowResult
 from service.errors import InvalidInput, TooLarge
 from service.schemas import Params, Request
-from service.tasks.common import Task, TaskContext, row, softmax, top_k_indices
+from service.tasks.common import Task, TaskContext, checkpoint, row, softmax, top_k_indices
 
 MaskedText = Annotated[
     str, Field(min_length=6, pattern=r"\[MASK\]", description="contains at least one [MASK]")
@@ -20,7 +20,9 @@ MaskedText = Annotated[
 
 class FillMaskParams(Params):
     top_k: int = Field(5, ge=1, le=100)
-    targets: list[str] | None = Field(None, min_length=1, max_length=1000)
+    targets: list[Annotated[str, Field(min_length=1, max_length=100)]] | None = Field(
+        None, min_length=1, max_length=1000, description="words to choose among (at most 1,000)"
+    )
     truncation: bool = False
 
 
@@ -39,18 +41,14 @@ class FillMaskItem(BaseModel):
 def target_ids(ctx: TaskContext, targets: list[str] | None) -> np.ndarray | None:
     if targets is None:
         return None
-    ids = []
-    for target in targets:
-        token_id = ctx.tokenizer.token_to_id(target)
-        if token_id is None:  # as transformers: the first word piece of the target
-            pieces = ctx.tokenizer.encode(target, add_special_tokens=False).ids
-            if not pieces:
-                continue
-            token_id = pieces[0]
-        ids.append(token_id)
+    ids = [ctx.tokenizer.token_to_id(target) for target in targets]
+    words = [t for t, i in zip(targets, ids, strict=True) if i is None]
+    # As transformers: a target that is no token of the vocabulary is its first word piece.
+    pieces = ctx.tokenizer.encode_batch(words, add_special_tokens=False) if words else []
+    ids = [i for i in ids if i is not None] + [p.ids[0] for p in pieces if p.ids]
     ids = sorted(set(ids))
     if not ids:
-        raise InvalidInput(f"targets {targets} give no token of the vocabulary")
+        raise InvalidInput(f"targets {targets[:5]} give no token of the vocabulary")
     return np.asarray(ids)
 
 
@@ -76,6 +74,7 @@ def postprocess(
     out: list[list[dict] | list[list[dict]]] = []
     k = min(top_k, len(targets)) if targets is not None else top_k
     for r, result in zip(rows, results, strict=True):
+        checkpoint()
         logits = result.outputs["mlm_logits"].astype(np.float64)  # (P, V)
         positions = r.mask_positions if r.mask_positions is not None else np.zeros(0, np.int64)
         single = len(positions) == 1
@@ -126,7 +125,8 @@ class FillMask(Task):
                 f"{candidates:,} candidates asked for (inputs x [MASK]s x top_k); the limit is "
                 f"{limits.max_fill_mask_candidates:,}. Send fewer [MASK]s or a smaller top_k"
             )
-        return sum(len(t) * max(1, t.count("[MASK]") * k) for t in items)
+        targets = sum(len(t) for t in p.targets or ())  # each tokenised
+        return targets + sum(len(t) * max(1, t.count("[MASK]") * k) for t in items)
 
     def prepare(
         self, ctx: TaskContext, items: list[str], request: FillMaskRequest

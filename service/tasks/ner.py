@@ -16,8 +16,9 @@ from pydantic import BaseModel, Field
 from tokenizers import Encoding
 
 from service.batching import Row, RowResult
+from service.errors import TooLarge
 from service.schemas import Params, Request, Text
-from service.tasks.common import Task, TaskContext, softmax
+from service.tasks.common import Task, TaskContext, checkpoint, min_tokens, softmax, tokenize
 
 
 class NerParams(Params):
@@ -26,7 +27,9 @@ class NerParams(Params):
     # labels, and the untrained labels of later pieces split words ("Leices" ORG, "##tershire"
     # PER): 21.5 entity F1 against 58 with "first" on the same tiny bundle.
     aggregation_strategy: Literal["none", "simple", "first", "average", "max"] = "first"
-    ignore_labels: list[str] = Field(default_factory=lambda: ["O"])
+    ignore_labels: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=lambda: ["O"], max_length=64, description="labels (or types) to leave out"
+    )
     stride: int = Field(32, ge=0, description="overlap of windows over a long text, in tokens")
 
 
@@ -110,10 +113,18 @@ def preprocess(ctx: TaskContext, texts: list[str], stride: int) -> tuple[list[Ne
     cls_id, sep_id = ctx.spec.tokenizer.cls_id, ctx.spec.tokenizer.sep_id
     size = ctx.max_len - 2
     cased = ctx.spec.tokenizer.case_type_ids
+    encoded = []
+    windows = 0
+    for text in texts:  # every text's windows counted before any row is made
+        checkpoint()
+        enc = tokenize(ctx.tokenizer, ctx.check_text(text), add_special_tokens=False)
+        spans = windows_for(len(enc), size, min(stride, size // 2))
+        windows += len(spans)
+        if windows > ctx.max_rows:
+            raise too_many_sequences(ctx.max_rows, ctx.max_len)
+        encoded.append((text, enc, spans))
     inputs, rows = [], []
-    for text in texts:
-        enc = ctx.tokenizer.encode(ctx.check_text(text), add_special_tokens=False)
-        spans = windows_for(len(enc.ids), size, min(stride, size // 2))
+    for text, enc, spans in encoded:
         inputs.append(NerInput(text, enc, spans))
         shapes = case_type_ids(text, enc.offsets, cased) if cased else None
         for start, end in spans:
@@ -123,6 +134,13 @@ def preprocess(ctx: TaskContext, texts: list[str], stride: int) -> tuple[list[Ne
                 types[1:-1] = shapes[start:end]
             rows.append(Row(ids, types))
     return inputs, rows
+
+
+def too_many_sequences(max_rows: int, max_len: int) -> TooLarge:
+    return TooLarge(
+        f"the texts need more than {max_rows} sequences of {max_len} tokens; one request may "
+        "use that many. Send shorter texts or fewer inputs"
+    )
 
 
 def piece_scores(item: NerInput, results: list[RowResult]) -> np.ndarray:
@@ -157,8 +175,10 @@ def postprocess(
 ) -> list[list[dict]]:
     labels = ctx.spec.labels or []
     unk = ctx.spec.tokenizer.unk_id
+    ignore = frozenset(ignore_labels)
     out, cursor = [], 0
     for item in inputs:
+        checkpoint()
         scores = piece_scores(item, results[cursor : cursor + len(item.windows)])
         cursor += len(item.windows)
         pre = []
@@ -180,12 +200,16 @@ def postprocess(
                     "is_subword": is_subword,
                 }
             )
-        out.append(aggregate(ctx, pre, strategy, labels, ignore_labels))
+        out.append(aggregate(ctx, pre, strategy, labels, ignore))
     return out
 
 
 def aggregate(
-    ctx: TaskContext, pre: list[dict], strategy: str, labels: list[str], ignore: list[str]
+    ctx: TaskContext,
+    pre: list[dict],
+    strategy: str,
+    labels: list[str],
+    ignore: frozenset[str] | list[str],
 ) -> list[dict]:
     """The entities of one text, those whose label (or group's type) is in `ignore` left out."""
     if strategy in ("none", "simple"):
@@ -251,7 +275,9 @@ def get_tag(name: str) -> tuple[str, str]:
     return "I", name  # not B-/I-: a continuation
 
 
-def group_entities(ctx: TaskContext, entities: list[dict], ignore: list[str]) -> list[dict]:
+def group_entities(
+    ctx: TaskContext, entities: list[dict], ignore: frozenset[str] | list[str]
+) -> list[dict]:
     """Consecutive entities of one type (B- starts a new one) as one; a group whose type is
     ignored is dropped here, before its text is decoded."""
     groups: list[list[dict]] = []
@@ -296,6 +322,19 @@ class Ner(Task):
     response = list[Entity] | list[list[Entity]]
     summary = "Named entities with character offsets into each text"
     example: ClassVar[dict[str, Any]] = {"inputs": "Angela Merkel met Emmanuel Macron in Paris."}
+
+    def check_cost(
+        self, ctx: TaskContext, items: list[str], request: NerRequest, limits: Any
+    ) -> int:
+        """Refuse from the words alone (each at least one piece) a request that needs more
+        sequences than one may use; `preprocess` counts the exact pieces, text by text, before
+        it makes a row. The cost: tokenising, and a few times that to aggregate every piece."""
+        size = ctx.max_len - 2
+        stride = min(request.parameters.stride, size // 2)
+        least = sum(len(windows_for(min_tokens(t), size, stride)) for t in items)
+        if least > limits.max_request_rows:
+            raise too_many_sequences(limits.max_request_rows, ctx.max_len)
+        return 4 * sum(len(t) for t in items)
 
     def prepare(
         self, ctx: TaskContext, items: list[str], request: NerRequest

@@ -18,7 +18,16 @@ from tokenizers import Encoding
 from service.batching import Row, RowResult
 from service.errors import InvalidInput, TooLarge
 from service.schemas import Params, Request, Text
-from service.tasks.common import Task, TaskContext, min_tokens, row, softmax, windows_needed
+from service.tasks.common import (
+    Task,
+    TaskContext,
+    checkpoint,
+    min_tokens,
+    row,
+    softmax,
+    tokenize,
+    windows_needed,
+)
 
 
 class QaInput(BaseModel):
@@ -75,9 +84,10 @@ def preprocess(
     inputs: list[QaWindows] = []
     rows: list[Row] = []
     for question, context in pairs:
+        checkpoint()
         ctx.check_text(question, "question")
         ctx.check_text(context, "context")
-        question_len = len(ctx.tokenizer.encode(question, add_special_tokens=False).ids)
+        question_len = len(tokenize(ctx.tokenizer, question, add_special_tokens=False))
         if question_len > max_question_len:
             raise InvalidInput(
                 f"question is {question_len} tokens; the limit is "
@@ -94,11 +104,11 @@ def preprocess(
         # context that could pass the limit by that bound is counted exactly.
         advance = window - stride
         if len(rows) + windows_needed(ctx.max_pieces(context), window, advance) > ctx.max_rows:
-            context_len = len(ctx.tokenizer.encode(context, add_special_tokens=False).ids)
+            context_len = len(tokenize(ctx.tokenizer, context, add_special_tokens=False))
             if len(rows) + windows_needed(context_len, window, advance) > ctx.max_rows:
                 raise too_many_windows(ctx.max_rows, max_seq_len)
         tok.enable_truncation(max_seq_len, stride=stride, strategy="only_second")
-        first = tok.encode(question, context)
+        first = tokenize(tok, question, context)
         windows = [first, *first.overflowing]
         inputs.append(QaWindows(context, windows))
         rows.extend(row(w) for w in windows)
@@ -174,9 +184,12 @@ def postprocess(
     out: list[dict | list[dict]] = []
     cursor = 0
     for item in inputs:
-        answers: list[dict[str, Any]] = []
+        # One answer a text, found in any window: keyed by its lower-cased text, so merging
+        # windows x candidates is linear (a list scan made 61 windows at top_k 100 take 20 s).
+        answers: dict[str, dict[str, Any]] = {}
         min_null = 1_000_000.0
         for enc in item.windows:
+            checkpoint()
             result = results[cursor]
             cursor += 1
             # Context tokens (sequence 1) and [CLS] may be chosen; question, [SEP] may not.
@@ -193,17 +206,21 @@ def postprocess(
             for s, e, score in zip(starts, ends, scores, strict=True):
                 first, last = word_span(enc, int(s), int(e))
                 text = item.context[first:last]
-                same = next((a for a in answers if a["answer"].lower() == text.lower()), None)
+                same = answers.get(text.lower())
                 if same is not None:  # one answer found twice (overlapping windows, or words)
                     same["score"] += float(score)
                 else:
-                    answers.append(
-                        {"score": float(score), "start": first, "end": last, "answer": text}
-                    )
+                    answers[text.lower()] = {
+                        "score": float(score),
+                        "start": first,
+                        "end": last,
+                        "answer": text,
+                    }
+        ranked = list(answers.values())
         if handle_impossible_answer:
-            answers.append({"score": min_null, "start": 0, "end": 0, "answer": ""})
-        answers = sorted(answers, key=lambda a: a["score"], reverse=True)[:top_k]
-        out.append(answers[0] if len(answers) == 1 else answers)
+            ranked.append({"score": min_null, "start": 0, "end": 0, "answer": ""})
+        ranked = sorted(ranked, key=lambda a: a["score"], reverse=True)[:top_k]
+        out.append(ranked[0] if len(ranked) == 1 else ranked)
     return out
 
 
@@ -244,14 +261,20 @@ class Qa(Task):
         rows = limits.max_request_rows
         # Free lower bound: every word of a context is at least one token of its windows.
         least = 0
+        # And the decode's work, which grows with windows x the band of spans scored x the
+        # candidates widened and merged (2 x top_k + 10 a window), in characters of
+        # tokenising: heavy parameters send even a short context off the event loop.
+        decode = max_len * min(p.max_answer_len, max_len) // 16 + 4 * (2 * p.top_k + 10)
+        cost = 0
         for item in items:
             window, stride = context_window(max_len, min_tokens(item.question), p.doc_stride)
-            least += windows_needed(
-                min_tokens(item.context), max(1, window), max(1, window - stride)
-            )
+            window, advance = max(1, window), max(1, window - stride)
+            least += windows_needed(min_tokens(item.context), window, advance)
+            likely = min(rows, windows_needed(len(item.context) // 4, window, advance))
+            cost += len(item.question) + len(item.context) + likely * decode
         if least > rows:
             raise too_many_windows(rows, max_len)
-        return sum(len(i.question) + len(i.context) for i in items)
+        return cost
 
     def prepare(
         self, ctx: TaskContext, items: list[QaInput], request: QaRequest

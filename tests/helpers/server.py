@@ -50,6 +50,7 @@ def live_server(wait: bool = True, draining: bool = False, **settings: Any) -> I
     """The app on a real uvicorn server in a thread; `draining=True` runs the service's own
     DrainingServer (its drain is started by calling `handle_exit`)."""
     port = free_port()
+    settings.setdefault("metrics_cache_s", 0.0)  # tests read /metrics right after a request
     config_settings = Settings(host="127.0.0.1", port=port, intra_op_threads=1, **settings)
     app = create_app(config_settings)
     config = uvicorn_config(app, config_settings)  # as the service runs

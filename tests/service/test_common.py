@@ -43,3 +43,47 @@ def test_max_pieces_bounds_the_pieces_of_any_text(lowercase):
     for text in texts:
         pieces = len(ctx.tokenizer.encode(text, add_special_tokens=False).ids)
         assert ctx.max_pieces(text) >= pieces, text
+
+
+def test_truncation_matches_the_tokenizers_longest_first_without_its_overflow(bundle_dir):
+    """`TaskContext.truncated` keeps exactly what tokenizers' own longest_first keeps (ids and
+    segments), for single texts and pairs, while the library's pair truncation enumerates
+    every overflow combination; a 2 x 100k-character pair stays one short encoding."""
+    import random
+
+    from tokenizers import Tokenizer
+
+    from service.bundle import load_bundle_spec
+    from service.tasks.common import TaskContext
+
+    bundle = bundle_dir / "pretrained"
+    spec = load_bundle_spec(bundle)
+    rng = random.Random(0)
+    words = [
+        "the",
+        "a",
+        "cat",
+        "sat",
+        "on",
+        "mat",
+        "unbelievable",
+        "xylophoneously",
+        ",",
+        ".",
+        "paris",
+        "café",
+        "naïve",
+        "Über",
+    ]
+    for i in range(300):
+        max_len = rng.randint(8, 60)
+        ctx = TaskContext.load(bundle, spec.model_copy(update={"max_seq_len": max_len}), 10**6)
+        library = Tokenizer.from_str(ctx.tokenizer_json)
+        library.no_padding()
+        library.enable_truncation(max_len, strategy="longest_first")
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 40)))
+        pair = " ".join(rng.choice(words) for _ in range(rng.randint(1, 40))) if i % 3 else None
+        want, got = library.encode(text, pair), ctx.truncated(text, pair)
+        assert (got.ids, got.type_ids) == (want.ids, want.type_ids), (max_len, text, pair)
+    long = ctx.truncated("a." * 50_000, "b." * 50_000)
+    assert len(long.ids) == ctx.max_len and len(long.overflowing) <= 4

@@ -268,3 +268,47 @@ def test_workers_that_cannot_start_stop_the_supervisor(bundle_dir, tmp_path):
         assert "before it was ready: stopping" in process.stdout.read()
     finally:
         process.kill()
+
+
+def test_a_worker_over_its_memory_ceiling_is_replaced_without_a_lost_request(bundle_dir, tmp_path):
+    """max_worker_rss_mb: a worker past it gets a successor, and only once that is ready does
+    it retire, finishing what it admitted. A ceiling of 1 MB makes every worker ask at once,
+    so workers are replaced back to back while a client keeps sending: every request is
+    answered 200, none refused or reset."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = (tmp_path / "log").open("w+")  # thousands of access lines: a pipe would fill and block
+    process = subprocess.Popen(
+        [sys.executable, "-m", "service", "--bundles", str(bundle_dir), "--port", str(port)],
+        env={**os.environ, "BERTSERVE_WORKERS": "2", "BERTSERVE_MAX_WORKER_RSS_MB": "1"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    statuses: dict[int, int] = {}
+    errors = []
+    try:
+        wait_ready(url, process)
+        deadline = time.monotonic() + 30
+        with httpx.Client(base_url=url, timeout=10) as c:
+            while time.monotonic() < deadline:
+                try:
+                    status = c.post("/classify", json={"inputs": "fine"}).status_code
+                    statuses[status] = statuses.get(status, 0) + 1
+                except httpx.TransportError as exc:
+                    errors.append(repr(exc))
+                if statuses.get(200, 0) > 50 and time.monotonic() > deadline - 15:
+                    break
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        finally:
+            process.kill()
+            log.seek(0)
+            output = log.read()
+    lines = output.splitlines()
+    retired = [line for line in lines if "retired with 0" in line]
+    assert retired, output[-3000:]
+    assert errors == [] and set(statuses) == {200}, (statuses, errors)
+    assert process.returncode == 0
