@@ -1,0 +1,398 @@
+"""The adversarial review's targets, measured against `python -m service` on the shipped bundles
+with an API key set (one worker, so its memory is the process's):
+
+1. each repro of the review: status, time, and the worker's resident growth it leaves;
+2. two clients sending the most expensive allowed request of each endpoint, while a prober
+   times /health/live and a keyed client times small /classify requests (against their idle
+   p50 measured first);
+3. 500 unauthenticated connections misbehaving (bodiless GETs that declare a body, idle
+   keep-alive, slow and oversized headers) while a keyed client counts its non-200 answers;
+4. 10,000 mixed requests, the largest allowed ones included: resident memory against warm.
+
+    python -m bench.attack [--tree DIR] [--report docs/security-bench.md]
+
+`--tree` serves another source tree (a worktree of an older commit) for an A/B.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "bench-attack-key-0123456789abcdef"
+AUTH = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
+CONTEXT = "The king of France was born in Paris and lived there for many years . "
+
+
+Request = tuple[str, dict[str, Any]]  # (path, body)
+
+
+def repros() -> dict[str, Request]:
+    """The review's findings as requests (name -> path, body)."""
+    return {
+        "/nsp 16 kB pair, truncation": (
+            "/nsp",
+            {
+                "inputs": {"text": "a." * 4000, "text_pair": "a." * 4000},
+                "parameters": {"truncation": True},
+            },
+        ),
+        "/nsp 200 kB pair, truncation": (
+            "/nsp",
+            {
+                "inputs": {"text": "a." * 50_000, "text_pair": "a." * 50_000},
+                "parameters": {"truncation": True},
+            },
+        ),
+        "/qa 4 kB, max_seq_len 58, stride 27, top_k 100": (
+            "/qa",
+            {
+                "inputs": {"question": "where was the king born?", "context": CONTEXT * 57},
+                "parameters": {"max_seq_len": 58, "doc_stride": 27, "top_k": 100},
+            },
+        ),
+        "/qa 18 kB, top_k 100, max_answer_len 512": (
+            "/qa",
+            {
+                "inputs": {"question": "where was the king born?", "context": CONTEXT * 250},
+                "parameters": {"top_k": 100, "max_answer_len": 512},
+            },
+        ),
+        "/fill-mask 1,000 targets": (
+            "/fill-mask",
+            {
+                "inputs": "paris is the [MASK] of france.",
+                "parameters": {"targets": [f"word{i}" for i in range(1000)]},
+            },
+        ),
+        "/ner 190k ignore_labels": (
+            "/ner",
+            {
+                "inputs": "Angela Merkel met Emmanuel Macron in Paris.",
+                "parameters": {"aggregation_strategy": "none", "ignore_labels": ["X"] * 190_000},
+            },
+        ),
+        "/ner 9 x 100 kB": ("/ner", {"inputs": ["a." * 49_999] * 9}),
+    }
+
+
+def heaviest() -> list[Request]:
+    """The most expensive request each endpoint allows (at the default limits)."""
+    masks = "the [MASK] of the [MASK] was [MASK] in the [MASK] of [MASK] . " * 2
+    return [
+        ("/qa", repros()["/qa 18 kB, top_k 100, max_answer_len 512"][1]),
+        ("/fill-mask", {"inputs": masks, "parameters": {"top_k": 100}}),
+        ("/ner", {"inputs": [CONTEXT * 80] * 2}),
+        ("/nsp", repros()["/nsp 200 kB pair, truncation"][1]),
+        ("/classify", {"inputs": ["a." * 40_000] * 12, "parameters": {"truncation": True}}),
+        ("/embed", {"inputs": [CONTEXT * 6] * 32}),
+    ]
+
+
+def rss_mb(pid: int) -> float:
+    return (
+        int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(tree: Path, port: int, log: Path) -> subprocess.Popen:
+    env = os.environ | {
+        "BERTSERVE_API_KEYS": KEY,
+        "BERTSERVE_WORKERS": "1",
+        "BERTSERVE_LOG_LEVEL": "warning",
+    }
+    command = [sys.executable, "-m", "service", "--bundles", str(ROOT / "bundles")]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [*command, "--port", str(port)], cwd=tree, env=env, stdout=out, stderr=out
+        )
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the service exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health/ready").status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError("the service never became ready")
+
+
+def post(c: httpx.Client, path: str, body: dict[str, Any]) -> tuple[int, float]:
+    data = json.dumps(body).encode()
+    started = time.perf_counter()
+    try:
+        status = c.post(path, content=data).status_code
+    except httpx.TransportError:
+        status = 0
+    return status, time.perf_counter() - started
+
+
+def small_p50(c: httpx.Client, seconds: float) -> tuple[float, int]:
+    """p50 of small keyed /classify requests for `seconds`, and how many were not 200."""
+    times, bad = [], 0
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        status, elapsed = post(c, "/classify", {"inputs": "a charming and often affecting journey"})
+        times.append(elapsed)
+        bad += status != 200
+        time.sleep(0.01)
+    return 1000 * statistics.median(times), bad
+
+
+class Prober(threading.Thread):
+    """/health/live every 10 ms on a fresh connection each (as kubelet probes): the slowest."""
+
+    def __init__(self, base: str) -> None:
+        super().__init__(daemon=True)
+        self.base, self.stop, self.times = base, threading.Event(), list[float]()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            started = time.perf_counter()
+            with contextlib.suppress(httpx.TransportError):
+                httpx.get(f"{self.base}/health/live", timeout=5)
+            self.times.append(time.perf_counter() - started)
+            time.sleep(0.01)
+
+
+def expensive_clients(base: str, seconds: float) -> dict[str, Any]:
+    """Phase 2: two clients cycling through the heaviest requests while the loop is timed."""
+    with httpx.Client(base_url=base, headers=AUTH, timeout=60) as c:
+        idle, _ = small_p50(c, 5)
+    stop = threading.Event()
+    served: dict[str, list[int]] = {}
+
+    def heavy(offset: int) -> None:
+        requests = heaviest()
+        with httpx.Client(base_url=base, headers=AUTH, timeout=60) as c:
+            i = offset
+            while not stop.is_set():
+                path, body = requests[i % len(requests)]
+                status, _ = post(c, path, body)
+                served.setdefault(path, []).append(status)
+                i += 1
+
+    clients = [threading.Thread(target=heavy, args=(k,), daemon=True) for k in (0, 3)]
+    prober = Prober(base)
+    for t in [*clients, prober]:
+        t.start()
+    with httpx.Client(base_url=base, headers=AUTH, timeout=60) as c:
+        loaded, bad = small_p50(c, seconds)
+    stop.set()
+    prober.stop.set()
+    for t in [*clients, prober]:
+        t.join()
+    return {
+        "idle_p50_ms": idle,
+        "loaded_p50_ms": loaded,
+        "small_not_200": bad,
+        "live_max_ms": 1000 * max(prober.times),
+        "live_p99_ms": 1000 * sorted(prober.times)[int(0.99 * (len(prober.times) - 1))],
+        "heavy_statuses": {p: sorted(set(s)) for p, s in served.items()},
+        "heavy_requests": sum(len(s) for s in served.values()),
+    }
+
+
+def misbehave(base: str, count: int, seconds: float) -> dict[str, Any]:
+    """Phase 3: `count` unauthenticated connections in four ways at once, held open."""
+    host, port = base.removeprefix("http://").split(":")
+    heads = [
+        b"GET /health/live HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n",  # no body
+        b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n",  # then idle, kept alive
+        b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-",  # slow headers
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 60_000,  # oversized header
+    ]
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def hold() -> None:
+        while not stop.is_set():
+            for i in range(count - len(held)):
+                try:
+                    s = socket.create_connection((host, int(port)), timeout=2)
+                    s.setblocking(False)
+                    s.sendall(heads[i % len(heads)])
+                    held.append(s)
+                except OSError:
+                    pass
+            time.sleep(0.2)
+            for s in list(held):  # closed by the server: open another
+                try:
+                    if s.recv(65536) == b"":
+                        held.remove(s)
+                        s.close()
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    held.remove(s)
+                    s.close()
+
+    attacker = threading.Thread(target=hold, daemon=True)
+    attacker.start()
+    time.sleep(1.0)
+    statuses: dict[int, int] = {}
+    with httpx.Client(base_url=base, headers=AUTH, timeout=10) as c:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            status, _ = post(c, "/classify", {"inputs": "fine"})
+            statuses[status] = statuses.get(status, 0) + 1
+            time.sleep(0.005)
+    stop.set()
+    attacker.join()
+    for s in held:
+        s.close()
+    return {"keyed": statuses, "attackers": count}
+
+
+def mixed(base: str, pid: int, total: int) -> dict[str, Any]:
+    """Phase 4: `total` requests over four keyed clients, one in 20 the heaviest of its kind."""
+    warm = rss_mb(pid)
+    small: list[Request] = [
+        ("/classify", {"inputs": "a charming and often affecting journey"}),
+        ("/ner", {"inputs": "Angela Merkel met Emmanuel Macron in Paris."}),
+        ("/qa", {"inputs": {"question": "where?", "context": CONTEXT}}),
+        ("/fill-mask", {"inputs": "Paris is the capital of [MASK]."}),
+        ("/nsp", {"inputs": {"text": "I went out.", "text_pair": "It rained."}}),
+        ("/embed", {"inputs": "A man is eating food."}),
+    ]
+    big = heaviest()
+    counter = iter(range(total))
+    lock = threading.Lock()
+    statuses: dict[int, int] = {}
+    peak = [warm]
+
+    def client() -> None:
+        with httpx.Client(base_url=base, headers=AUTH, timeout=60) as c:
+            while True:
+                with lock:
+                    i = next(counter, None)
+                if i is None:
+                    return
+                path, body = big[i // 20 % len(big)] if i % 20 == 0 else small[i % len(small)]
+                status, _ = post(c, path, body)
+                with lock:
+                    statuses[status] = statuses.get(status, 0) + 1
+                    peak[0] = max(peak[0], rss_mb(pid))
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    time.sleep(2)
+    return {"warm_mb": warm, "peak_mb": peak[0], "after_mb": rss_mb(pid), "statuses": statuses}
+
+
+def report(results: dict[str, Any], tree: Path) -> str:
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True
+    ).stdout.strip()
+    lines = [
+        "# The adversarial review's targets, measured",
+        "",
+        f"`python -m bench.attack` at {commit}, {time.strftime('%Y-%m-%d')}, on this machine "
+        f"({os.cpu_count()} cores): `python -m service` on the shipped bundles, one worker, "
+        "an API key set. Targets from docs/security.md.",
+        "",
+        "## 1. Each repro once",
+        "",
+        "| request | status | ms | worker growth MB |",
+        "|---|---|---|---|",
+    ]
+    for name, r in results["repros"].items():
+        lines.append(f"| {name} | {r['status']} | {r['ms']:.0f} | {r['growth_mb']:+.0f} |")
+    e = results["expensive"]
+    lines += [
+        "",
+        "## 2. Two clients sending each endpoint's most expensive allowed request",
+        "",
+        f"- small /classify p50: {e['idle_p50_ms']:.1f} ms idle, {e['loaded_p50_ms']:.1f} ms "
+        f"under the two clients ({e['loaded_p50_ms'] / e['idle_p50_ms']:.2f}x; target <= 2x); "
+        f"{e['small_not_200']} not 200",
+        f"- /health/live on fresh connections: max {e['live_max_ms']:.1f} ms, p99 "
+        f"{e['live_p99_ms']:.1f} ms (target <= 50 ms)",
+        f"- heavy requests sent: {e['heavy_requests']}; their statuses: {e['heavy_statuses']}",
+    ]
+    m = results["misbehave"]
+    lines += [
+        "",
+        f"## 3. {m['attackers']} unauthenticated connections misbehaving",
+        "",
+        f"Keyed /classify answers meanwhile, by status: {m['keyed']} (target: no 503).",
+    ]
+    x = results["mixed"]
+    lines += [
+        "",
+        "## 4. 10,000 mixed requests, the heaviest allowed one in every 20",
+        "",
+        f"Resident: warm {x['warm_mb']:.0f} MB, peak {x['peak_mb']:.0f} MB, after "
+        f"{x['after_mb']:.0f} MB ({x['after_mb'] / x['warm_mb']:.2f}x warm; target <= 1.2x, "
+        f"or recycled with BERTSERVE_MAX_WORKER_RSS_MB). Statuses: {x['statuses']}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tree", type=Path, default=ROOT, help="the source tree to serve")
+    parser.add_argument("--report", type=Path, help="write the markdown report here")
+    parser.add_argument("--seconds", type=float, default=20, help="phases 2 and 3")
+    parser.add_argument("--mixed", type=int, default=10_000, help="phase 4's requests")
+    parser.add_argument("--attackers", type=int, default=500)
+    args = parser.parse_args(argv)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = ROOT / "runs" / "bench-attack.log"
+    log.parent.mkdir(exist_ok=True)
+    proc = start(args.tree, port, log)
+    results: dict[str, Any] = {"repros": {}}
+    try:
+        with httpx.Client(base_url=base, headers=AUTH, timeout=120) as c:
+            for name, (path, body) in repros().items():
+                before = rss_mb(proc.pid)
+                status, elapsed = post(c, path, body)
+                results["repros"][name] = {
+                    "status": status,
+                    "ms": 1000 * elapsed,
+                    "growth_mb": rss_mb(proc.pid) - before,
+                }
+                print(name, results["repros"][name], flush=True)
+        results["expensive"] = expensive_clients(base, args.seconds)
+        print("expensive", results["expensive"], flush=True)
+        results["misbehave"] = misbehave(base, args.attackers, args.seconds)
+        print("misbehave", results["misbehave"], flush=True)
+        results["mixed"] = mixed(base, proc.pid, args.mixed)
+        print("mixed", results["mixed"], flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    text = report(results, args.tree)
+    print(text)
+    if args.report:
+        args.report.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
