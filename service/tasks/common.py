@@ -114,6 +114,12 @@ class TaskContext:
     def max_len(self) -> int:
         return self.spec.max_seq_len
 
+    @property
+    def max_word_chars(self) -> int | None:
+        """The most pieces one word can become (WordPiece's max_input_chars_per_word: a longer
+        word is one [UNK]); None for a model without that bound."""
+        return getattr(self.tokenizer.model, "max_input_chars_per_word", None)
+
     def max_pieces(self, text: str) -> int:
         """An upper bound on the word pieces of `text`, cheaper than tokenising it: every piece
         covers at least one character of the normalised text."""

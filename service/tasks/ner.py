@@ -117,6 +117,15 @@ def preprocess(ctx: TaskContext, texts: list[str], stride: int) -> tuple[list[Ne
     windows = 0
     for text in texts:  # every text's windows counted before any row is made
         checkpoint()
+        left = (ctx.max_rows - windows) * size  # pieces the windows left can hold, at most
+        start = 2 * left + (ctx.max_word_chars or 0)
+        if ctx.max_word_chars is not None and len(text) > start:
+            # A long text's start alone may need more: its pieces, less those of the word the
+            # cut may split (at most max_word_chars), are at most the whole text's. A text of
+            # one-character pieces ("a.a.a.") is refused from its first characters so.
+            pieces = len(tokenize(ctx.tokenizer, text[:start], add_special_tokens=False))
+            if pieces - ctx.max_word_chars > left:
+                raise too_many_sequences(ctx.max_rows, ctx.max_len)
         enc = tokenize(ctx.tokenizer, ctx.check_text(text), add_special_tokens=False)
         spans = windows_for(len(enc), size, min(stride, size // 2))
         windows += len(spans)

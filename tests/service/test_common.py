@@ -87,3 +87,26 @@ def test_truncation_matches_the_tokenizers_longest_first_without_its_overflow(bu
         assert (got.ids, got.type_ids) == (want.ids, want.type_ids), (max_len, text, pair)
     long = ctx.truncated("a." * 50_000, "b." * 50_000)
     assert len(long.ids) == ctx.max_len and len(long.overflowing) <= 4
+
+
+def test_ner_refuses_from_a_text_start_only_what_the_whole_text_would_need(bundle_dir):
+    """/ner refuses a long text from the pieces of its start (less a cut word's) when those
+    alone need more windows than are left: never a text whose exact count fits."""
+    from service.bundle import load_bundle_spec
+    from service.errors import TooLarge
+    from service.tasks import ner
+    from service.tasks.common import TaskContext
+
+    bundle = bundle_dir / "entities"
+    ctx = TaskContext.load(bundle, load_bundle_spec(bundle), 10**6, max_rows=4)
+    size = ctx.max_len - 2
+    for unit in ("a.", "the king of france . ", "unbelievably "):
+        for repeat in range(1, 600, 37):
+            text = unit * repeat
+            pieces = len(ctx.tokenizer.encode(text, add_special_tokens=False))
+            fits = len(ner.windows_for(pieces, size, min(32, size // 2))) <= 4
+            try:
+                ner.preprocess(ctx, [text], 32)
+                assert fits, (unit, repeat)
+            except TooLarge:
+                assert not fits, (unit, repeat)
