@@ -502,3 +502,41 @@ def test_expect_100_continue_is_answered_before_the_body_is_sent(bundle_dir):
         sock.sendall(body)
         status, _, answer = read_response(sock)
         assert status == 200 and json.loads(answer)[0]["label"]
+
+
+def test_the_private_uvicorn_hooks_the_protocol_uses_are_there():
+    """service/protocol.py subclasses uvicorn's private HttpToolsProtocol and
+    RequestResponseCycle: a uvicorn or httptools release that renames a hook it overrides or an
+    attribute it reads breaks it quietly. This names what changed."""
+    import inspect
+
+    import httptools
+    import uvicorn
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+    pinned = "service/protocol.py was written against uvicorn 0.54 and httptools 0.9"
+    assert uvicorn.__version__.startswith("0.54."), f"{pinned}; uvicorn {uvicorn.__version__}"
+    assert httptools.__version__.startswith("0.9."), f"{pinned}; httptools {httptools.__version__}"
+    for method in (
+        "connection_made",
+        "connection_lost",
+        "data_received",
+        "on_message_begin",
+        "on_headers_complete",
+        "on_body",
+        "on_message_complete",
+        "timeout_keep_alive_handler",
+        "shutdown",
+    ):
+        assert callable(getattr(HttpToolsProtocol, method, None)), f"{pinned}: no {method}"
+    protocol = inspect.getsource(HttpToolsProtocol)
+    for attribute in ("cycle", "parser", "headers", "connections", "url", "loop", "transport"):
+        assert f"self.{attribute} =" in protocol or f"self.{attribute}:" in protocol, (
+            f"{pinned}: HttpToolsProtocol sets no self.{attribute}"
+        )
+    for attribute in ("timeout_keep_alive_task", "timeout_keep_alive"):
+        assert f"self.{attribute} =" in protocol, f"{pinned}: no self.{attribute}"
+    cycle = inspect.getsource(RequestResponseCycle.__init__)
+    for attribute in ("self.transport", "self.response_started", "self.response_complete"):
+        assert attribute in cycle, f"{pinned}: RequestResponseCycle sets no {attribute}"
+    assert inspect.iscoroutinefunction(RequestResponseCycle.send), f"{pinned}: send changed"
