@@ -35,7 +35,7 @@ install: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy service model export bench
+	$(VENV)/bin/mypy runtime service model export bench
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .
@@ -182,7 +182,7 @@ embeddings: $(STAMP)  ## all-MiniLM-L6-v2 as published, weights in fp16 (1 min)
 # the runs in docs/model-card.md).
 models: $(STAMP)
 	$(MAKE) pretrained-minilm
-	# one SST-2 ingredient starts from the frozen MLM + NSP stage that sessions 4-13 built on
+	# one SST-2 ingredient starts from the frozen MLM + NSP stage that earlier shipped bundles built on
 	# (about 70 min of 2 threads)
 	$(PY) -m model.training pretrain --recipe pretrain-minilm \
 		--data $(DATA)/wikipedia-en-2015/text --out runs/pretrain-minilm

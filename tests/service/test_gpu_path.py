@@ -16,8 +16,8 @@ from pathlib import Path
 import onnxruntime
 import pytest
 
-from service.bundle import load_bundle_spec
-from service.engine import Engine, EngineError, EngineOptions
+from runtime.bundle import load_bundle_spec
+from runtime.engine import Engine, EngineError, EngineOptions
 from tests.helpers.server import live_server
 from tests.service.test_behaviour import wrap
 
@@ -147,7 +147,7 @@ def test_gpu_pin_matches_the_cuda_image():
 
 def test_the_cuda_settings_reach_the_provider_options(tmp_path, monkeypatch):
     """BERTSERVE_DEVICE_ID and the other CUDA settings are what the CUDA provider is given (they
-    were documented but dropped on the way until session 13)."""
+    were documented but dropped on the way)."""
     from service.settings import Settings
 
     for name, value in {
