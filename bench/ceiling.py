@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from service.batching import pad_rows
-from service.bundle import load_bundle_spec
-from service.engine import Engine
+from runtime.batching import pad_rows
+from runtime.bundle import load_bundle_spec
+from runtime.engine import Engine
+from runtime.tasks import classify
+from runtime.tasks.common import TaskContext
 from service.settings import Settings
-from service.tasks import classify
-from service.tasks.common import TaskContext
 
 
 def load(bundle: Path, threads: int = 0) -> tuple[Engine, TaskContext]:

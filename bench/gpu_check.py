@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from service.batching import without_slots
-from service.bundle import load_bundle_spec
-from service.engine import CPU, CUDA, Engine, EngineError, EngineOptions
+from runtime.batching import without_slots
+from runtime.bundle import load_bundle_spec
+from runtime.engine import CPU, CUDA, Engine, EngineError, EngineOptions
 
 SAMPLES = {
     "classify": ["a charming and often affecting journey", "the plot is a mess"] * 4,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench.ceiling import ceiling, load
 from model.training.data import tasks as data
-from service.tasks import classify, ner, qa
+from runtime.tasks import classify, ner, qa
 
 
 def rows_for(task: str, ctx, data_dir: Path) -> list:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import get_args
 
-from service.bundle import Precision
+from runtime.bundle import Precision
 
 EXAMPLES = """examples:
   {prog} --checkpoint runs/minilm-sst2 --task classify --out bundles/sst2-minilm

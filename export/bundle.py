@@ -41,10 +41,9 @@ from export.parity import (
 from export.variants import CONVERT, RECONVERT
 from model.checkpoint import load_model, read_config, read_state_dict, sha256, weights_path
 from model.heads import BertPreTrainedModel
-from model.sources import read_provenance, resolve_init
+from model.sources import read_provenance, read_soup, resolve_init
 from model.tokenizer import BertTokenizer
-from model.training.soup import read_soup
-from service.bundle import (
+from runtime.bundle import (
     FORMAT_VERSION,
     BundleError,
     BundleSpec,

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from model.heads import BertPreTrainedModel, gather_positions
-from service.bundle import BASE_INPUTS, MASK_POSITIONS
+from runtime.bundle import BASE_INPUTS, MASK_POSITIONS
 
 log = logging.getLogger(__name__)
 

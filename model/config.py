@@ -19,6 +19,10 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh")
+# Letter case as segment ids (case_type_ids): the segment ids each scheme uses, so a config is
+# checked against its segment table. The ids themselves are computed by runtime/encoding.py,
+# whose case_type_vocab a test holds to this table.
+CASE_SEGMENTS = {1: 5, 2: 6}
 
 # Hugging Face keys whose value must be this for the checkpoint to mean what our model computes.
 _REQUIRED_VALUES: dict[str, Any] = {
@@ -49,7 +53,7 @@ class BertConfig:
     label2id: dict[str, int] | None = None
     architectures: tuple[str, ...] | None = None  # e.g. ("BertForPreTraining",)
     # Not a Hugging Face key (transformers keeps it as an attribute and ignores it): the segment
-    # ids of a one-segment input carry each piece's letter case (service/tasks/ner.py
+    # ids of a one-segment input carry each piece's letter case (runtime/tasks/ner.py
     # case_type), so a model with an uncased vocabulary sees capitals. 0 off; scheme 1 (or true)
     # needs 5 segment ids, scheme 2 (a text without capitals reads as "case unknown") 6.
     case_type_ids: int = 0
@@ -90,13 +94,15 @@ class BertConfig:
             f"pad_token_id {self.pad_token_id} is outside the vocabulary of {self.vocab_size}",
         )
         if self.case_type_ids:
-            # the schemes live with the code that computes the ids (the service's /ner)
-            from service.tasks.ner import case_type_vocab
-
             object.__setattr__(self, "case_type_ids", int(self.case_type_ids))  # true: scheme 1
-            segments = case_type_vocab(self.case_type_ids)
+            segments = CASE_SEGMENTS.get(self.case_type_ids)
             need(
-                self.type_vocab_size >= segments,
+                segments is not None,
+                f"case_type_ids must be one of {sorted(CASE_SEGMENTS)} (or 0: off), "
+                f"got {self.case_type_ids!r}",
+            )
+            need(
+                self.type_vocab_size >= (segments or 0),
                 f"case_type_ids {self.case_type_ids} needs type_vocab_size >= {segments}, "
                 f"got {self.type_vocab_size}",
             )

@@ -116,3 +116,12 @@ def read_provenance(directory: str | Path) -> Provenance | None:
     if not path.is_file():
         return None
     return Provenance(**json.loads(path.read_text(encoding="utf-8")))
+
+
+SOUP_NAME = "soup.json"  # beside a checkpoint that is a mean of fine-tunes (model.training.soup)
+
+
+def read_soup(directory: str | Path) -> list[dict[str, str]] | None:
+    """A soup's ingredients (checkpoint, sha256), or None for a checkpoint that is not one."""
+    path = Path(directory) / SOUP_NAME
+    return json.loads(path.read_text())["ingredients"] if path.is_file() else None

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
             name = "BERTSERVE_" + "_".join(str(p) for p in error["loc"]).upper()
             print(f"error: {name}: {error['msg']}", file=sys.stderr)  # noqa: T201
         return 2
-    from service.bundle import BUNDLE_FILE, BundleError, bundle_dirs, load_bundle_spec
+    from runtime.bundle import BUNDLE_FILE, BundleError, bundle_dirs, load_bundle_spec
 
     try:  # fail fast, in one line, on a bad bundle (the lifespan would say it in a traceback)
         found = bundle_dirs(settings.bundles)

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from runtime.tasks import TASKS
 from service.asgi import SAFE_ID, replaying
 from service.auth import PUBLIC_PATHS, authorizations, check_key
 from service.docs import mount_docs
@@ -36,7 +37,6 @@ from service.metrics import Metrics
 from service.routes import api, ops
 from service.settings import Settings
 from service.state import ServiceState
-from service.tasks import TASKS
 
 log = logging.getLogger("service.access")
 ENDPOINTS = {*TASKS, "/health/live", "/health/ready", "/metrics", "/models"}
@@ -188,7 +188,7 @@ class ServiceApp(FastAPI):
 
     Starlette builds every `add_middleware` layer inside its own error and telemetry layers,
     which cost each request a few calls and a look-up of OpenTelemetry's providers in the
-    environment (docs/performance.md, session 16). In front, a task request that the fast path
+    environment (docs/performance.md). In front, a task request that the fast path
     answers never enters FastAPI; everything else goes on to it as before. An exception that
     escapes a route is still answered by FastAPI's error layer (`bug` below), now through
     `RequestContext`, so its 500 carries the request id."""

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from runtime.tasks import TASKS
 from service.asgi import disconnect_watch, replaying
 from service.errors import (
     ServiceError,
@@ -28,7 +29,6 @@ from service.errors import (
 )
 from service.handler import handle
 from service.state import ServiceState
-from service.tasks import TASKS
 
 JSON_TYPES = (b"application/json", b"application/json; charset=utf-8")
 

@@ -15,12 +15,12 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
+from runtime.batching import Row, RowResult, gather
+from runtime.tasks import Task
+from runtime.tasks.common import checkpoint, deadline_check, unwatch, watch
 from service.asgi import Gone
-from service.batching import Row, RowResult, gather
 from service.errors import InvalidInput, TooLarge
 from service.state import Model, ServiceState
-from service.tasks import Task
-from service.tasks.common import checkpoint, deadline_check, unwatch, watch
 
 
 async def handle(

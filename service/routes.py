@@ -1,4 +1,4 @@
-"""The HTTP endpoints: the task routes, generated from the registry (service/tasks/), each a
+"""The HTTP endpoints: the task routes, generated from the registry (runtime/tasks/), each a
 thin adapter over `handle`; and the operational ones (health, metrics, models)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from service import schemas
+from runtime import schemas
+from runtime.tasks import TASKS, Task
 from service.asgi import disconnect_watch
 from service.handler import handle
 from service.state import ServiceState
-from service.tasks import TASKS, Task
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": schemas.ErrorBody, "description": text}

@@ -16,38 +16,19 @@ import sys
 import time
 from types import FrameType
 
-import orjson
 import uvicorn
 
+from service.logs import configure_logging
 from service.memory import rss_mb
 from service.protocol import Connections, guarded_protocol
 from service.settings import Settings
-
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage()
-        base = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-        }
-        fields = getattr(record, "fields", None)  # structured lines: log.info(..., extra=)
-        if fields is not None:  # the access log: a line a request, so orjson
-            return orjson.dumps(base | fields, default=str).decode()
-        return orjson.dumps(
-            base
-            | {"message": message}
-            | ({"exc": self.formatException(record.exc_info)} if record.exc_info else {}),
-            default=str,
-        ).decode()
 
 
 def ready_facts(state, host: str, port: int) -> dict:
     """What a person needs once the service is ready: where it is, what it serves, on what."""
     shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     url = f"http://{shown}:{port}"
-    from service.tasks import TASKS
+    from runtime.tasks import TASKS
 
     serving = state.serving()
     served = [t for t in TASKS.values() if t.capability in serving]
@@ -91,7 +72,7 @@ SWEEP_WAIT_S = 5.0
 # and a loaded worker's iteration takes milliseconds (p90 11-17 ms in a flood), so a storm of
 # new connections waited in the kernel's accept queue: in the student's cold-start flood,
 # 2,048 connections opened in half a second waited 1.7 s at the median before a worker accepted
-# them (docs/performance.md, session 15).
+# them (docs/performance.md).
 # A share, not all that waits, so a fast worker does not take what the others should (a first
 # version that took all split wrk's 32 connections as unevenly as 22 / 10 and served 0.60-0.65x
 # at 32 connections in its one A/B); bounded, so a storm cannot hold a loop from the requests of
@@ -380,12 +361,6 @@ def raise_open_files(connections: int) -> None:
             hard,
             connections,
         )
-
-
-def configure_logging(level: str) -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter())
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
 def uvicorn_config(app, settings: Settings) -> uvicorn.Config:

@@ -10,8 +10,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from runtime.engine import EngineOptions
 from service.auth import MIN_KEY_LENGTH
-from service.engine import EngineOptions
 
 KNOWN_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 CGROUP = Path("/sys/fs/cgroup")
@@ -100,7 +100,7 @@ class Settings(BaseSettings):
     # What bounds an admitted request's time under overload: an event loop busy refusing a
     # flood completes about 500 requests a second, so at 256 in flight (the old default) the
     # served took 0.45-0.49 s at the median and 1-2.3% of answers came after 1 s; at 64,
-    # 0.11-0.13 s and 0.07-0.36%, with as many served (docs/performance.md, session 12). The
+    # 0.11-0.13 s and 0.07-0.36%, with as many served (docs/performance.md). The
     # benches saturate the students with 16 connections a process, well inside it.
     max_in_flight: int = Field(
         64,

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from service.auth import PUBLIC_PATHS
-from service.batching import Batcher, without_slots
-from service.bundle import (
+from runtime.batching import Batcher, without_slots
+from runtime.bundle import (
     BUNDLE_FILE,
     BundleError,
     BundleSpec,
@@ -22,14 +21,15 @@ from service.bundle import (
     check_model_file,
     load_bundle_spec,
 )
-from service.device import RemoteBackend
-from service.engine import Engine
+from runtime.engine import Engine, warmup_feeds
+from runtime.tasks import CAPABILITIES, TASKS
+from runtime.tasks.common import TaskContext
+from service.auth import PUBLIC_PATHS
+from service.engine_client import RemoteBackend
 from service.errors import NotFound, NotReady, Overloaded, ServiceError
 from service.memory import Trimmer
 from service.metrics import Metrics
 from service.settings import Settings
-from service.tasks import CAPABILITIES, TASKS
-from service.tasks.common import TaskContext
 
 log = logging.getLogger(__name__)
 RETRY_HEADERS = {"Retry-After": "1"}
@@ -48,22 +48,6 @@ def check_serves(directory: Path, spec: BundleSpec) -> None:
         missing = sorted(reads - set(spec.outputs))
         if missing:
             raise BundleError(f"{directory / BUNDLE_FILE}: {task} needs the outputs {missing}")
-
-
-def warmup_feeds(spec: BundleSpec, settings: Settings) -> list[dict[str, np.ndarray]]:
-    """Representative shapes: one short row, a full batch, the longest sequences."""
-    shapes = []
-    for rows, length in ((1, 16), (settings.max_batch_rows, 32), (2, spec.max_seq_len)):
-        rows = max(1, min(rows, settings.max_batch_tokens // length))
-        feeds = {
-            "input_ids": np.full((rows, length), spec.tokenizer.unk_id, np.int64),
-            "attention_mask": np.ones((rows, length), np.int64),
-            "token_type_ids": np.zeros((rows, length), np.int64),
-        }
-        if "mask_positions" in spec.inputs:
-            feeds["mask_positions"] = np.ones((rows, 1), np.int64)
-        shapes.append(feeds)
-    return shapes
 
 
 @dataclass
@@ -214,7 +198,7 @@ class ServiceState:
                     f"{directory / BUNDLE_FILE}: name {spec.name!r} is taken by another bundle"
                 )
             engine: Engine | RemoteBackend
-            if self.settings.engine_address:  # the engine process runs it (service.device)
+            if self.settings.engine_address:  # the engine process runs it (service.engine_server)
                 engine = RemoteBackend(self.settings.engine_address, spec)
             else:
                 engine = Engine(directory, spec, self.settings.engine_options())
@@ -255,7 +239,9 @@ class ServiceState:
         and picks kernels on first use of a shape."""
         for model in self.models.values():
             started = time.monotonic()
-            shapes = warmup_feeds(model.spec, self.settings)
+            shapes = warmup_feeds(
+                model.spec, self.settings.max_batch_rows, self.settings.max_batch_tokens
+            )
             first = model.engine.run(shapes[0])
             for feeds in shapes[1:]:
                 model.engine.run(feeds)
@@ -276,7 +262,7 @@ class ServiceState:
         """Let rows without fill-mask slots (/nsp) skip the MLM head, when the graph runs
         `feeds` (a warm-up shape, `outputs` its answers) with a mask_positions input of width 0
         and answers its other outputs alike. A 2x128 graph's call took 20% less so
-        (docs/performance.md, session 17). An execution provider that refuses empty tensors
+        (docs/performance.md). An execution provider that refuses empty tensors
         keeps one ignored slot a row: a warning, not a failure."""
         try:
             pairs = without_slots(model.engine.run, feeds, outputs, model.spec.output_axes)
@@ -312,7 +298,7 @@ class ServiceState:
         # What start-up made (modules, models, tokenizers) lives as long as the process: move it
         # out of the collector's sight. Otherwise each full collection walks all of it, finding
         # next to nothing, and under a flood they came every few seconds and held the event loop
-        # up to 122 ms each (docs/performance.md, session 18).
+        # up to 122 ms each (docs/performance.md).
         gc.collect()
         gc.freeze()
         self.warmed = True

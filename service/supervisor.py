@@ -16,7 +16,7 @@ each with its own ONNX Runtime sessions and a share of the cores. It:
   and close it as they finish) and waits for every worker to drain.
 
 With `engine_process` (the GPU topology) it first starts one engine process that runs every
-model for all workers (service.device), gives the workers its socket, counts its readiness as
+model for all workers (service.engine_server), gives the workers its socket, counts its readiness as
 one more slot (no worker is ready while it is not), replaces it if it dies, and stops it after
 the workers have drained.
 """
@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from service.server import configure_logging, warn_if_exposed
+from service.logs import configure_logging
+from service.server import warn_if_exposed
 from service.settings import Settings
 
 log = logging.getLogger("service.supervisor")
@@ -62,7 +63,7 @@ def stop_with_the_supervisor() -> None:
 
 
 def engine_process_main(values: dict[str, Any], address: str, ready: Any) -> None:
-    from service.device import engine_main
+    from service.engine_server import engine_main
 
     stop_with_the_supervisor()
     engine_main(values, address, ready)

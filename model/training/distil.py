@@ -266,7 +266,7 @@ class BundleTeacher:
     def __init__(self, directory: Path, threads: int) -> None:
         import onnxruntime as ort
 
-        from service.bundle import BundleError, check_model_file, load_bundle_spec
+        from runtime.bundle import BundleError, check_model_file, load_bundle_spec
 
         self.spec = load_bundle_spec(directory)
         try:

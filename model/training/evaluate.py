@@ -26,12 +26,12 @@ from tqdm import tqdm
 from model.training.data import tasks as data
 from model.training.data.wikipedia import is_heldout, read_documents
 from model.training.metrics import accuracy, entity_f1, squad_scores
-from service.batching import Row, RowResult, pad_rows, slice_outputs
-from service.bundle import load_bundle_spec
-from service.engine import Engine, EngineOptions
-from service.errors import ServiceError
-from service.tasks import classify, embed, fill_mask, ner, nsp, qa
-from service.tasks.common import Task, TaskContext
+from runtime.batching import Row, RowResult, pad_rows, slice_outputs
+from runtime.bundle import load_bundle_spec
+from runtime.engine import Engine, EngineOptions
+from runtime.errors import ServiceError
+from runtime.tasks import classify, embed, fill_mask, ner, nsp, qa
+from runtime.tasks.common import Task, TaskContext
 
 
 class BundleRunner:

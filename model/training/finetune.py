@@ -32,7 +32,7 @@ from model.training.data import tasks as data
 from model.training.loop import MetricsLog, build_optimizer, plot_curves, warmup_linear_decay
 from model.training.metrics import accuracy, entity_f1
 from model.training.recipe import check_keys, read_recipe
-from service.tasks.ner import CASE_OR_UNKNOWN, CASE_UNKNOWN, case_type_vocab
+from runtime.encoding import CASE_OR_UNKNOWN, CASE_UNKNOWN, case_type_vocab
 
 log = logging.getLogger(__name__)
 HEAD = {
@@ -65,7 +65,7 @@ class FinetuneRecipe:
     threads: int = 0
     # ner: segment ids carry each piece's letter case (BertConfig.case_type_ids), for an
     # uncased vocabulary: 0 off, 1 (or true) case as written, 2 the same but a text without any
-    # capital reads as "case unknown" (service/tasks/ner.py); the segment table grows to 5 or 6
+    # capital reads as "case unknown" (runtime/tasks/ner.py); the segment table grows to 5 or 6
     # rows, the new ones from row 0
     case_type_ids: int = 0
     # with case_type_ids: this share of training sentences is shown without its case (as text

@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from model.checkpoint import load_model, read_config, save_model, sha256, weights_path
-from model.sources import read_provenance, write_provenance
+from model.sources import SOUP_NAME, read_provenance, write_provenance
 from model.tokenizer import VOCAB_NAME, BertTokenizer
 
-SOUP_NAME = "soup.json"
 # Training settings that differ between ingredients without changing what the weights mean.
 _FREE = {"hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"}
 
@@ -28,12 +27,6 @@ _FREE = {"hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_drop
 def _describe(directory: Path) -> dict[str, Any]:
     config = dataclasses.asdict(read_config(directory))
     return {k: v for k, v in config.items() if k not in _FREE}
-
-
-def read_soup(directory: str | Path) -> list[dict[str, str]] | None:
-    """A soup's ingredients (checkpoint, sha256), or None for a checkpoint that is not one."""
-    path = Path(directory) / SOUP_NAME
-    return json.loads(path.read_text())["ingredients"] if path.is_file() else None
 
 
 def soup(ingredients: list[Path], out: Path) -> dict[str, Any]:

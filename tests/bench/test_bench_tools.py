@@ -110,7 +110,7 @@ def test_ab_serves_an_old_format_bundle_unchanged(task, checkpoints, tmp_path):
     format 2 with the same model, and the axes the outputs have."""
     from bench.ab import as_format_2
     from export.bundle import build_bundle
-    from service.bundle import check_model_file, load_bundle_spec
+    from runtime.bundle import check_model_file, load_bundle_spec
 
     arch = {"ner": "BertForTokenClassification", "fill-mask": "BertForPreTraining"}[task]
     current = build_bundle(checkpoints[arch], [task], tmp_path / "v2")
@@ -140,7 +140,7 @@ def test_make_bench_serves_the_bundle_it_measures():
     from pathlib import Path
 
     from bench.run import runnable_peers, served_bundles
-    from service.bundle import load_bundle_spec
+    from runtime.bundle import load_bundle_spec
 
     shipped = Path(__file__).resolve().parents[2] / "bundles"
     student = shipped / "sst2-distilled-2x192"

@@ -17,7 +17,7 @@ from export.bundle import build_bundle, verify
 from export.graph import TaskGraph, graph_io
 from export.parity import onnx_outputs, torch_outputs
 from model.checkpoint import load_model
-from service.bundle import BundleError, load_bundle_spec
+from runtime.bundle import BundleError, load_bundle_spec
 from tests.helpers.checkpoints import HF_CLASSES, TEXTS
 
 TASK_ARCH = {

@@ -19,7 +19,7 @@ from export.variants import (
     nf4_embeddings,
     quantise_nf4,
 )
-from service.bundle import load_bundle_spec
+from runtime.bundle import load_bundle_spec
 from tests.export.test_export import eval_tsv
 
 VOCAB, HIDDEN = 500, 96  # three blocks a row

@@ -11,7 +11,7 @@ import pytest
 from export.bundle import SAMPLE_TEXTS, build_bundle, verify
 from export.parity import MIN_AGREEMENT, TOLERANCE, compare, onnx_outputs, sample_feeds
 from model.tokenizer import BertTokenizer
-from service.bundle import load_bundle_spec
+from runtime.bundle import load_bundle_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINT = ROOT / "checkpoints" / "pretrained-wiki-tiny"

@@ -62,3 +62,13 @@ def test_config_is_frozen(tiny_config):
     with pytest.raises(AttributeError):
         tiny_config.hidden_size = 64  # type: ignore[misc]
     assert tiny_config.replace(hidden_size=64, num_attention_heads=4).hidden_size == 64
+
+
+def test_the_case_schemes_segment_counts_agree_with_the_runtime():
+    """model/config.py checks a config's segment table against CASE_SEGMENTS; the runtime
+    computes the ids: the two must say the same of every scheme."""
+    from model.config import CASE_SEGMENTS
+    from runtime.encoding import CASE_SCHEMES, case_type_vocab
+
+    assert set(CASE_SEGMENTS) == set(CASE_SCHEMES)
+    assert all(case_type_vocab(s) == n for s, n in CASE_SEGMENTS.items())

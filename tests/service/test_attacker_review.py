@@ -229,10 +229,10 @@ def test_qa_merge_is_linear_in_windows_times_candidates(bundle_dir):
     took 20 s, 60 kB bodies 63 s. Distinct words make every candidate a new answer."""
     import numpy as np
 
-    from service.batching import RowResult
-    from service.bundle import load_bundle_spec
-    from service.tasks import qa
-    from service.tasks.common import TaskContext
+    from runtime.batching import RowResult
+    from runtime.bundle import load_bundle_spec
+    from runtime.tasks import qa
+    from runtime.tasks.common import TaskContext
 
     bundle = bundle_dir / "squad"
     ctx = TaskContext.load(bundle, load_bundle_spec(bundle), 100_000, 64)
@@ -283,8 +283,8 @@ def test_parameter_lists_have_a_stated_maximum(server, path, parameters, field):
 def test_a_deadline_stops_post_processing():
     """The request timeout reaches into the tasks' loops: a check that has passed stops the
     next window, where the old code ran on and logged a 200."""
+    from runtime.tasks.common import checkpoint, deadline_check, unwatch, watch
     from service.errors import ClientGone, DeadlineExceeded
-    from service.tasks.common import checkpoint, deadline_check, unwatch, watch
 
     token = watch(deadline_check(time.monotonic() - 1, lambda: False))
     try:
@@ -306,7 +306,7 @@ def test_a_client_that_leaves_is_logged_499_not_200(bundle_dir, caplog):
     log recorded a 200. Now the work stops at the next step and the access log says 499."""
     import logging
 
-    from service.tasks import TASKS
+    from runtime.tasks import TASKS
 
     ner = TASKS["/ner"]
     original = ner.finish

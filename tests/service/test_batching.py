@@ -11,8 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from service.asgi import CONNECTION_LOST, disconnect_watch
-from service.batching import (
+from runtime.batching import (
     Batcher,
     CallCost,
     Row,
@@ -21,6 +20,7 @@ from service.batching import (
     cheapest_prefix,
     gather,
 )
+from service.asgi import CONNECTION_LOST, disconnect_watch
 from service.errors import ClientGone, DeadlineExceeded, Overloaded
 from service.metrics import Metrics
 from service.settings import Settings

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.tasks.common import TaskContext, top_k_indices
+from runtime.tasks.common import TaskContext, top_k_indices
 
 
 @pytest.mark.parametrize("k", [1, 5, 16, 17, 40])
@@ -53,8 +53,8 @@ def test_truncation_matches_the_tokenizers_longest_first_without_its_overflow(bu
 
     from tokenizers import Tokenizer
 
-    from service.bundle import load_bundle_spec
-    from service.tasks.common import TaskContext
+    from runtime.bundle import load_bundle_spec
+    from runtime.tasks.common import TaskContext
 
     bundle = bundle_dir / "pretrained"
     spec = load_bundle_spec(bundle)
@@ -92,10 +92,10 @@ def test_truncation_matches_the_tokenizers_longest_first_without_its_overflow(bu
 def test_ner_refuses_from_a_text_start_only_what_the_whole_text_would_need(bundle_dir):
     """/ner refuses a long text from the pieces of its start (less a cut word's) when those
     alone need more windows than are left: never a text whose exact count fits."""
-    from service.bundle import load_bundle_spec
+    from runtime.bundle import load_bundle_spec
+    from runtime.tasks import ner
+    from runtime.tasks.common import TaskContext
     from service.errors import TooLarge
-    from service.tasks import ner
-    from service.tasks.common import TaskContext
 
     bundle = bundle_dir / "entities"
     ctx = TaskContext.load(bundle, load_bundle_spec(bundle), 10**6, max_rows=4)

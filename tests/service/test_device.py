@@ -1,4 +1,5 @@
-"""The engine process (service.device): the workers' batches merged into one call with the same
+"""The engine process (service/engine_server.py, service/engine_client.py): the workers'
+batches merged into one call with the same
 answers, a runner that takes what queued behind a busy call, the handshake, and the topology as
 a real process: parity with the default one, a killed engine replaced, SIGTERM."""
 
@@ -19,17 +20,11 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from service.batching import Row, pad_rows
-from service.bundle import load_bundle_spec
-from service.device import (
-    EngineServer,
-    ModelRunner,
-    RemoteBackend,
-    _Job,
-    merge_feeds,
-    split_outputs,
-)
-from service.engine import Engine, EngineOptions
+from runtime.batching import Row, pad_rows
+from runtime.bundle import load_bundle_spec
+from runtime.engine import Engine, EngineOptions
+from service.engine_client import RemoteBackend
+from service.engine_server import EngineServer, ModelRunner, _Job, merge_feeds, split_outputs
 from service.errors import BackendError
 from service.settings import Settings
 from service.wire import pack, unpack

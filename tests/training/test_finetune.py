@@ -177,7 +177,7 @@ def test_case_type_ids_let_an_uncased_model_tag_by_capitals(checkpoints, tmp_pat
     """Toy data where letter case is the only cue ("Paris" a place, "paris" not): the uncased
     tiny model cannot learn it from its word pieces; with `case_type_ids` it learns it, the
     bundle says so, and the service feeds the case on /ner (scored through its own code)."""
-    from service.bundle import load_bundle_spec
+    from runtime.bundle import load_bundle_spec
 
     conll = tmp_path / "conll2003"
     conll.mkdir()

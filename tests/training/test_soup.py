@@ -10,9 +10,9 @@ import torch
 from export.bundle import build_bundle
 from model.checkpoint import load_model, save_model
 from model.heads import BertForSequenceClassification
-from model.sources import Provenance, write_provenance
+from model.sources import Provenance, read_soup, write_provenance
 from model.training.__main__ import main
-from model.training.soup import read_soup, soup
+from model.training.soup import soup
 from tests.helpers.checkpoints import write_vocab
 
 START = Provenance("tiny", "tests", "apache-2.0", "0" * 64)

@@ -9,7 +9,7 @@ import pytest
 from model.tokenizer import BertTokenizer
 from model.training.data import tasks as data
 from model.training.metrics import entity_f1, exact_match, normalize_answer, squad_scores, token_f1
-from service.tasks.ner import (
+from runtime.encoding import (
     CASE_MIXED,
     CASE_NONE,
     CASE_OR_UNKNOWN,
@@ -19,7 +19,7 @@ from service.tasks.ner import (
     case_type,
     case_type_ids,
 )
-from service.tasks.qa import decode_spans
+from runtime.tasks.qa import decode_spans
 from tests.conftest import BERT_VOCAB, shared_data
 
 
@@ -173,7 +173,7 @@ def test_span_decoding_invariants():
 
 
 def test_band_decoding_equals_the_pipelines_full_matrix():
-    from service.tasks.qa import _decode_full
+    from runtime.tasks.qa import _decode_full
 
     rng = np.random.default_rng(1)
     for _ in range(300):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from model.tokenizer import BertTokenizer, Encoding
-from service.tasks.ner import CASE_UNKNOWN, case_type, case_unknown
+from runtime.encoding import CASE_UNKNOWN, case_type, case_unknown
 
 IGNORE = -100
 
@@ -101,7 +101,7 @@ def align_labels(
 ) -> tuple[list[int], list[int], list[int]]:
     """Word pieces of a pre-split sentence and their labels: the first piece of each word carries
     the word's tag, the other pieces, [CLS] and [SEP] get -100. Returns (ids, labels, segment
-    ids): zeros, or with `case_types` (a scheme, service/tasks/ner.py) each piece's letter case
+    ids): zeros, or with `case_types` (a scheme, runtime/tasks/ner.py) each piece's letter case
     as the service computes it."""
     enc = tokenizer.tokenizer.encode(words, is_pretokenized=True)
     unknown = case_unknown(case_types, "".join(words))

@@ -1,6 +1,6 @@
 """What every task's schema shares (Hugging Face Inference API conventions: `inputs` is one item
 or a list, `parameters` holds the task's options), and the error body. Each task's own request
-and response models live in its module under service/tasks/."""
+and response models live in its module under runtime/tasks/."""
 
 from __future__ import annotations
 

@@ -15,13 +15,13 @@ import numpy as np
 from pydantic import BaseModel
 from tokenizers import Encoding, Tokenizer
 
-from service.batching import Row, RowResult
-from service.bundle import BundleSpec
-from service.errors import ClientGone, DeadlineExceeded, InvalidInput, TooLarge
+from runtime.batching import Row, RowResult
+from runtime.bundle import BundleSpec
+from runtime.errors import ClientGone, DeadlineExceeded, InvalidInput, TooLarge
 
 
 class Task:
-    """One endpoint of the registry (service/tasks/__init__.py): its request schema, how a
+    """One endpoint of the registry (runtime/tasks/__init__.py): its request schema, how a
     request becomes rows for the model (`prepare`) and how the rows' outputs become the answer
     (`finish`, then `respond`). The handler, the HTTP adapters and evaluation call these and
     know nothing else of a task; a new task is a module with one subclass."""

@@ -1,14 +1,14 @@
 """The task registry: every endpoint the service answers, by path.
 
-A task is one module with a `Task` subclass (service/tasks/common.py): its request schema,
+A task is one module with a `Task` subclass (runtime/tasks/common.py): its request schema,
 `prepare` (tokenise, windows) and `finish` (decode). The HTTP routes, the fast path, the
 handler and evaluation are generated from or driven by this table; nothing else names a task.
 """
 
 from __future__ import annotations
 
-from service.tasks import classify, embed, fill_mask, ner, nsp, qa
-from service.tasks.common import Task
+from runtime.tasks import classify, embed, fill_mask, ner, nsp, qa
+from runtime.tasks.common import Task
 
 TASKS: dict[str, Task] = {
     t.path: t

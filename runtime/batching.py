@@ -24,13 +24,11 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from service.errors import BackendError, ClientGone, DeadlineExceeded, NotReady, Overloaded
-from service.metrics import Metrics
-from service.settings import Settings
+from runtime.errors import BackendError, ClientGone, DeadlineExceeded, NotReady, Overloaded
 
 log = logging.getLogger(__name__)
 
@@ -110,13 +108,55 @@ class CallCost:
         return (fixed + self.around_s) / per_token
 
 
+class Limits(Protocol):
+    """The batcher's settings (the service's `Settings` has them; any object with them does)."""
+
+    @property
+    def max_batch_rows(self) -> int: ...
+    @property
+    def max_batch_tokens(self) -> int: ...
+    @property
+    def max_wait_ms(self) -> float: ...
+    @property
+    def split_batches(self) -> bool: ...
+    @property
+    def max_queue_rows(self) -> int: ...
+    @property
+    def max_queue_wait_ms(self) -> float: ...
+    @property
+    def max_queue_time_ms(self) -> float: ...
+    @property
+    def request_timeout_s(self) -> float: ...
+
+
+class Labelled(Protocol):
+    def labels(self, *values: str) -> Any: ...
+
+
+class BatchMetrics(Protocol):
+    """The Prometheus families the batcher reports to (service/metrics.py's `Metrics`)."""
+
+    @property
+    def dropped(self) -> Labelled: ...
+    @property
+    def queue_depth(self) -> Labelled: ...
+    @property
+    def batch_rows(self) -> Labelled: ...
+    @property
+    def batch_tokens(self) -> Labelled: ...
+    @property
+    def padding(self) -> Labelled: ...
+    @property
+    def failed_batches(self) -> Labelled: ...
+
+
 class Batcher:
     def __init__(
         self,
         name: str,
         backend: Backend,
-        settings: Settings,
-        metrics: Metrics,
+        settings: Limits,
+        metrics: BatchMetrics,
         output_axes: Mapping[str, str],
         pad_id: int,
         positions: int | None,

@@ -14,9 +14,9 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from service.batching import Row, RowResult
-from service.schemas import Request, Text
-from service.tasks.common import Task, TaskContext, row
+from runtime.batching import Row, RowResult
+from runtime.schemas import Request, Text
+from runtime.tasks.common import Task, TaskContext, row
 
 Texts = Text | Annotated[list[Text], Field(min_length=1)]
 

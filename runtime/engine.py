@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from service.bundle import BundleSpec
+from runtime.bundle import BundleSpec
 
 log = logging.getLogger(__name__)
 ort_log = logging.getLogger("onnxruntime")
@@ -216,3 +216,21 @@ class Engine:
             elif ids.size > SHRINK_AFTER * self.warm_tokens:
                 options = self._shrink
         return dict(zip(self.outputs, self.session.run(self.outputs, feeds, options), strict=True))
+
+
+def warmup_feeds(
+    spec: BundleSpec, max_batch_rows: int, max_batch_tokens: int
+) -> list[dict[str, np.ndarray]]:
+    """Representative shapes: one short row, a full batch, the longest sequences."""
+    shapes = []
+    for rows, length in ((1, 16), (max_batch_rows, 32), (2, spec.max_seq_len)):
+        rows = max(1, min(rows, max_batch_tokens // length))
+        feeds = {
+            "input_ids": np.full((rows, length), spec.tokenizer.unk_id, np.int64),
+            "attention_mask": np.ones((rows, length), np.int64),
+            "token_type_ids": np.zeros((rows, length), np.int64),
+        }
+        if "mask_positions" in spec.inputs:
+            feeds["mask_positions"] = np.ones((rows, 1), np.int64)
+        shapes.append(feeds)
+    return shapes

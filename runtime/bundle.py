@@ -54,7 +54,7 @@ class TokenizerSpec(_Strict):
     cls_id: int = Field(ge=0)
     sep_id: int = Field(ge=0)
     mask_id: int = Field(ge=0)
-    # /ner feeds each piece's letter case as its segment id (service/tasks/ner.py case_type):
+    # /ner feeds each piece's letter case as its segment id (runtime/tasks/ner.py case_type):
     # 0 (or false) off, 1 (or true) case as written, 2 a text without capitals as "case unknown"
     case_type_ids: int = Field(0, ge=0, le=2)
 

@@ -8,10 +8,10 @@ from typing import Annotated, Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, Field
 
-from service.batching import Row, RowResult
-from service.errors import InvalidInput, TooLarge
-from service.schemas import Params, Request
-from service.tasks.common import Task, TaskContext, checkpoint, row, softmax, top_k_indices
+from runtime.batching import Row, RowResult
+from runtime.errors import InvalidInput, TooLarge
+from runtime.schemas import Params, Request
+from runtime.tasks.common import Task, TaskContext, checkpoint, row, softmax, top_k_indices
 
 MaskedText = Annotated[
     str, Field(min_length=6, pattern=r"\[MASK\]", description="contains at least one [MASK]")

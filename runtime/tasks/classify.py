@@ -7,9 +7,9 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from service.batching import Row, RowResult
-from service.schemas import Params, Request, Text
-from service.tasks.common import Task, TaskContext, row, sigmoid, softmax
+from runtime.batching import Row, RowResult
+from runtime.schemas import Params, Request, Text
+from runtime.tasks.common import Task, TaskContext, row, sigmoid, softmax
 
 
 class ClassifyParams(Params):

@@ -15,10 +15,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Encoding
 
-from service.batching import Row, RowResult
-from service.errors import InvalidInput, TooLarge
-from service.schemas import Params, Request, Text
-from service.tasks.common import (
+from runtime.batching import Row, RowResult
+from runtime.errors import InvalidInput, TooLarge
+from runtime.schemas import Params, Request, Text
+from runtime.tasks.common import (
     Task,
     TaskContext,
     checkpoint,
