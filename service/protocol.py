@@ -73,6 +73,8 @@ class Connections:
         open connection). A busy one (a request in progress or a refusal held) is left, and so
         is the newest, the connection just made."""
         excess = max(len(self.anonymous) - self.max_anonymous, total - self.max_connections)
+        if excess <= 0:
+            return
         for protocol in list(self.anonymous)[:-1]:
             if excess <= 0:
                 return

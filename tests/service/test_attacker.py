@@ -9,13 +9,12 @@ import logging
 import os
 import shutil
 import socket
-import threading
 import time
 
 import httpx
 import pytest
 
-from tests.helpers.server import live_server
+from tests.helpers.server import assert_prompt, live_server, probe_live_while
 
 pytestmark = pytest.mark.slow
 KEY = "attacker-suite-key-0123456789"
@@ -101,31 +100,17 @@ def test_liveness_stays_prompt_while_the_worst_allowed_request_runs(server):
     loop: /health/live answers within 50 ms all the while (one probe allowed 250 ms)."""
     text = "the [MASK] of the [MASK] was [MASK] in the [MASK] of [MASK] . " * 2  # 10 masks
     body = {"inputs": text, "parameters": {"top_k": 100}}
-    done = threading.Event()
-    result = {}
 
     def heavy():  # eight in a row: a window of probes however fast the machine
         for _ in range(8):
-            result["response"], result["elapsed"] = post(server, "/fill-mask", body)
-        done.set()
+            response, elapsed = post(server, "/fill-mask", body)
+        return response, elapsed
 
-    worker = threading.Thread(target=heavy)
-    worker.start()
-    latencies = []
-    with httpx.Client(base_url=server.url, timeout=5) as c:
-        while not done.is_set():
-            started = time.perf_counter()
-            assert c.get("/health/live").status_code == 200
-            latencies.append(time.perf_counter() - started)
-            time.sleep(0.005)
-    worker.join()
-    assert result["response"].status_code == 200
-    assert len(result["response"].json()) == 10  # 10 masks x 100 candidates
-    assert len(latencies) >= 3, result["elapsed"]
-    # One probe may meet a scheduling hiccup of the shared 2-core machine (CI saw 50.4 ms once,
-    # the rest under 21); a loop held by the heavy requests would delay probe after probe.
-    slowest = sorted(latencies)[-2:]
-    assert slowest[0] < 0.05 and slowest[-1] < 0.25, (slowest, result["elapsed"])
+    latencies, (response, elapsed) = probe_live_while(server, heavy)
+    assert response.status_code == 200
+    assert len(response.json()) == 10  # 10 masks x 100 candidates
+    assert len(latencies) >= 3, elapsed
+    assert_prompt(latencies, elapsed)
 
 
 def test_response_size_is_capped(bundle_dir):

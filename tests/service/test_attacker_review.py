@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 
 import httpx
 import pytest
 
-from tests.helpers.server import live_server
+from tests.helpers.server import assert_prompt, live_server, probe_live_while
 
 pytestmark = pytest.mark.slow
 KEY = "attacker-review-key-0123456789"
@@ -41,27 +40,6 @@ def post(server, path, body):
 def host_port(server) -> tuple[str, int]:
     host, port = server.url.removeprefix("http://").split(":")
     return host, int(port)
-
-
-def probe_while(server, work) -> tuple[list[float], object]:
-    """Run `work()` on a thread and probe /health/live every 5 ms meanwhile; the latencies."""
-    done, result = threading.Event(), {}
-
-    def run():
-        result["value"] = work()
-        done.set()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    latencies = []
-    with httpx.Client(base_url=server.url, timeout=5) as c:
-        while not done.is_set():
-            started = time.perf_counter()
-            assert c.get("/health/live").status_code == 200
-            latencies.append(time.perf_counter() - started)
-            time.sleep(0.005)
-    thread.join()
-    return latencies, result["value"]
 
 
 # --- 1. memory: one pair request grew a worker by 1.2-1.6 GB -------------------------------------
@@ -219,9 +197,9 @@ def test_qa_with_the_heaviest_parameters_keeps_the_loop_free(server):
         "inputs": {"question": "where was the king born ?", "context": context},
         "parameters": {"max_seq_len": 58, "doc_stride": 27, "top_k": 100, "max_answer_len": 512},
     }
-    latencies, (response, elapsed) = probe_while(server, lambda: post(server, "/qa", body))
+    latencies, (response, elapsed) = probe_live_while(server, lambda: post(server, "/qa", body))
     assert response.status_code in (200, 413), response.text
-    assert max(latencies) < 0.05, (max(latencies), elapsed)
+    assert_prompt(latencies, elapsed)
 
 
 def test_qa_merge_is_linear_in_windows_times_candidates(bundle_dir):
