@@ -168,7 +168,7 @@ def check_answers(bundles: list[Path], work: Path) -> dict[str, Any]:
 def empty_slots(
     sess: Any, feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray], axes: Any
 ) -> dict[str, Any]:
-    """The service's warm-up probe (ServiceState.probe_slots) on this provider: /nsp rows skip
+    """The service's warm-up probe (service.warmup.probe_slots) on this provider: /nsp rows skip
     the MLM head only where the graph runs with mask_positions of width 0 and gives its other
     outputs as at width 1; otherwise the service keeps one slot a row (recorded, not a failure)."""
     names = [o.name for o in sess.get_outputs()]

@@ -168,7 +168,7 @@ class Batcher:
         self.output_axes = output_axes  # bundle.json: how each output's rows are sliced
         self.pad_id = pad_id
         # The graph's mask_positions input: None, it has none; else the least width to send
-        # (0 once the warm-up has seen the graph run without slots: ServiceState.probe_slots).
+        # (0 once the warm-up has seen the graph run without slots: service.warmup.probe_slots).
         self.positions = positions
         self._items: list[_Item] = []
         self._wake = asyncio.Event()

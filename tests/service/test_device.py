@@ -374,7 +374,7 @@ def test_the_warm_up_probe_allows_empty_slots_only_where_they_run_alike(
     from service.metrics import Metrics
     from service.state import ServiceState
 
-    caplog.set_level(logging.INFO, logger="service.state")  # whatever the root's level
+    caplog.set_level(logging.INFO, logger="service.warmup")  # whatever the root's level
     shutil.copytree(bundle_dir / "pretrained", tmp_path / "pretrained")
     state = ServiceState(Settings(bundles=tmp_path, intra_op_threads=1), Metrics())
     state.load()

@@ -1,0 +1,82 @@
+"""Admission: whether a request is answered at once (503 draining or past a cap, 429 when every
+model for its task is full) before its body is read. One decision, made where the HTTP
+protocol reads the request's headers (service.protocol) and again where the outermost
+middleware counts it in flight (service.app)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from runtime.tasks import TASKS
+from service.auth import PUBLIC_PATHS
+from service.errors import NotReady, Overloaded, ServiceError
+from service.models import Model
+from service.settings import Settings
+
+if TYPE_CHECKING:
+    from service.state import ServiceState
+
+RETRY_HEADERS = {"Retry-After": "1"}
+DRAINING_HEADERS = {"Retry-After": "1", "Connection": "close"}
+
+
+class Admission:
+    """The refusals that depend only on the settings, built once (and encoded once by the
+    protocol), and the decision."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = limits = settings
+        # The refusals that depend only on the settings: one instance each, encoded once.
+        self._draining = NotReady("the service is shutting down; retry", DRAINING_HEADERS)
+        self._crowded = NotReady(
+            f"{limits.max_in_flight} requests in flight (the limit); retry shortly", RETRY_HEADERS
+        )
+        self._connections = NotReady(
+            f"this process has {limits.max_connections} connections open (the limit); "
+            "retry shortly",
+            DRAINING_HEADERS,
+        )
+        self._overloaded: dict[str, Overloaded] = {}  # by reason: a few fixed texts a model
+
+    def refusal(
+        self, state: ServiceState, method: str, path: str, connections: int = 0
+    ) -> ServiceError | None:
+        """Why this request is answered at once, before its body is parsed (None: it is admitted).
+        One decision for both places that enforce it: the HTTP protocol (service.protocol: no
+        ASGI task at all) and the outermost middleware. The probes and /metrics always pass;
+        the API key is checked after this, so an overloaded or draining service refuses
+        unauthenticated requests the same way."""
+        if path in PUBLIC_PATHS:
+            return None
+        if state.draining:  # the client should go elsewhere: this connection ends with it
+            return self._draining
+        if connections > self.settings.max_connections:
+            return self._connections
+        if state.in_flight >= self.settings.max_in_flight:
+            return self._crowded
+        task = TASKS.get(path)
+        busy = (
+            saturated(state.models, task.capability)
+            if task is not None and method == "POST"
+            else None
+        )
+        if busy is None:
+            return None
+        if busy not in self._overloaded:
+            self._overloaded[busy] = Overloaded(busy, RETRY_HEADERS)
+        return self._overloaded[busy]
+
+
+def saturated(models: dict[str, Model], task: str) -> str | None:
+    """Why a request for `task` would be refused for load, when every model serving it has
+    a full queue: checked before the body is read, so a 429 costs next to nothing."""
+    serving = [m for m in models.values() if task in m.spec.tasks]
+    reasons = []
+    for model in serving:
+        reason = model.batcher.refusal()
+        if reason is None:
+            return None
+        reasons.append(reason)
+    if not reasons:
+        return None
+    return f"every model for {task} is full ({'; '.join(reasons)}); retry shortly"
