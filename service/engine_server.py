@@ -120,7 +120,7 @@ class ModelRunner:
         self._held: _Job | None = None  # taken from the queue but past the last call's limits
         self.call_started: float | None = None  # monotonic start of the call running, if any
         # Answers are packed and written by a second thread, while the next call runs (the
-        # model's thread spent 19% of its time writing them: a profile, session 13).
+        # model's thread spent 19% of its time writing them: a profile, docs/performance.md).
         self._replies: queue.SimpleQueue[tuple[Connection, bytes]] = queue.SimpleQueue()
         for target, name in ((self._loop, "engine"), (self._reply, "engine-replies")):
             threading.Thread(target=target, name=f"{name}-{spec.name}", daemon=True).start()
