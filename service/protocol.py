@@ -137,8 +137,14 @@ class GuardedProtocol(HttpToolsProtocol):
         self._held: tuple[bytes, bool] | None = None
         self._held_timer: asyncio.TimerHandle | None = None
         self._in_head = True  # reading a request line and headers (the size limit counts them)
+        self.last_read = 0.0  # loop time of the client's last bytes (a retiring worker's closes)
         self._head_bytes = 0
         self._tail = b""  # the last bytes of the head so far: its end may straddle two reads
+
+    def quiet_for(self) -> float:
+        """Seconds since the client last sent anything, while nothing is in progress (0 if it
+        is busy)."""
+        return self.loop.time() - self.last_read if self.idle else 0.0
 
     @property
     def idle(self) -> bool:
@@ -161,6 +167,7 @@ class GuardedProtocol(HttpToolsProtocol):
     # --- the header size limit ----------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        self.last_read = self.loop.time()
         if self._in_head:
             seen = self._tail + data
             end = seen.find(b"\r\n\r\n")

@@ -61,6 +61,9 @@ def ready_text(facts: dict) -> str:
     return "\n".join(lines)
 
 
+# A retiring worker closes a connection whose client has sent nothing for this long.
+RETIRE_QUIET_S = 2.0
+
 # How long a drain waits for the connections it took from the accept queue to send their
 # request (and get the draining 503): a client that connected just before the listener closed
 # sends at once; one that sends nothing is closed when this ends.
@@ -260,14 +263,21 @@ class DrainingServer(uvicorn.Server):
         loop.call_soon_threadsafe(lambda: loop.create_task(self._retire()))
 
     async def _retire(self) -> None:
+        """Each answer now closes its connection (app.RETIRING_HEADERS), so a busy client moves
+        to another worker after its next answer, having been told. A connection closes here
+        only once its client has been quiet for RETIRE_QUIET_S: closing one the instant a
+        request is sent on it resets that request (a client that sent back to back lost one
+        in CI so)."""
         self.stop_accepting()
         deadline = time.monotonic() + self.drain_timeout
         while time.monotonic() < deadline:
             for connection in list(self.server_state.connections):
-                connection.shutdown()  # closes it once idle; one with a request waiting reads it
+                quiet = getattr(connection, "quiet_for", None)  # service.protocol's connections
+                if quiet is None or quiet() > RETIRE_QUIET_S:
+                    connection.shutdown()  # one with a request waiting in its socket reads it
             if not self.server_state.connections and self.state.in_flight == 0:
                 break
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.05)
         self.should_exit = True
 
     async def _announce(self) -> None:
