@@ -12,7 +12,7 @@ as each worker of the 2-core default has, and no spinning.
 Two at a time on purpose. With three sessions alternated forwards and backwards, the middle one
 always runs straight after another session while the outer two sometimes follow themselves;
 with ONNX Runtime's spinning threads on, that alone made the middle graph 0.84x where pairs of
-the same graphs measured 0.99-1.01x (docs/model-card.md, "Size").
+the same graphs measured 0.99-1.01x (this tool, pairs of the shipped graphs).
 
 Prints each graph's sequences/s, then NEW/OLD for every pass (the spread) and overall.
 """

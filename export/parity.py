@@ -37,9 +37,9 @@ from runtime.encoding import case_type_ids
 # two levels (at most 0.14 of its block's scale). Against the graphs they replaced, on the 872
 # SST-2 dev sentences, the SST-2 student's logits moved by up to 0.42 (98.97% of top-1 kept),
 # the CoNLL teacher's by up to 2.4 (99.51% of token labels kept), the SQuAD teacher's
-# span logits by 0.44 (98.97%); their tasks hold (docs/model-card.md, "Size"). The fill-mask
-# bundle (its tied decoder kept 92.25% of top-1 words) and the embedding bundle (94.15%) failed
-# 0.95 and keep int8 rows.
+# span logits by 0.44 (98.97%); their tasks hold (`variant_accuracy` in each bundle.json).
+# The fill-mask bundle (its tied decoder kept 92.25% of top-1 words) and the embedding bundle
+# (94.15%) failed 0.95 and keep int8 rows.
 # *-int4-embeddings 1.5 and 0.95, the same reasoning (16 even steps a block, a zero point
 # each): against the int8 graphs they replaced, on the same sentences, the SST-2 student's
 # logits moved by up to 0.34 (99.54% of top-1 kept), the CoNLL student's by up to 2.8 (99.54%),

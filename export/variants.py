@@ -161,7 +161,7 @@ def quantise_nf4(table: np.ndarray, block: int = NF4_BLOCK) -> tuple[np.ndarray,
 # (clipped) least to its largest value. With a zero point a block, the steps cover the values a
 # block has, not a range symmetric about zero: relative error 7.9% on the students' tables,
 # against 8.2% for NF4's levels and 8.8% for even steps about zero. One kernel gathers and
-# unpacks the rows, where NF4 takes five nodes (the card's "Size").
+# unpacks the rows, where NF4 takes five nodes.
 INT4_BLOCK = 32
 INT4_CLIPS = 9  # ranges tried per block, from 0.6 of its least-to-largest range to all of it
 
@@ -280,7 +280,7 @@ def nf4_embeddings(src: Path, dst: Path) -> None:
     their scales and unpacks just those (a Gather of each byte's two levels, a Mul by the
     scales): the table stays 4-bit in memory too, and each call unpacks batch x length x hidden
     values (6% of a 2 x 192 student's time, 1-2% of a MiniLM's, in batch-by-batch A/Bs as a
-    worker runs them: the card's "Size"). Where a tied MLM decoder reads it as well,
+    worker runs them: `python -m bench.graph_ab`). Where a tied MLM decoder reads it as well,
     the same nodes unpack the whole table from constants, which ONNX Runtime folds back to the
     float32 table when it loads the graph.
     Either way the values are the same float32 products, so the answers are too."""
