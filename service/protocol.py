@@ -53,7 +53,7 @@ def encode(error: ServiceError, request_id: bytes | None = None) -> bytes:
 TIMEOUT_RESPONSE = encode(
     RequestTimeout("the request headers did not arrive in time", {"Connection": "close"})
 )
-CROWDED_RESPONSE = NotReady(
+ANONYMOUS_CROWDED = NotReady(
     "too many connections without an API key are open; send one", {"Connection": "close"}
 )
 
@@ -268,7 +268,7 @@ class GuardedProtocol(HttpToolsProtocol):
             path = httptools.parse_url(self.url).path.decode("ascii", "replace")
             refusal = self.gate(method, path, len(self.connections))
             if refusal is None and policy.crowded(self):
-                refusal = CROWDED_RESPONSE
+                refusal = ANONYMOUS_CROWDED
             if refusal is not None:
                 self._refusal, self._refusal_path = refusal, path
                 return

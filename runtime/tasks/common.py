@@ -44,7 +44,8 @@ class Task:
     def check_cost(self, ctx: TaskContext, items: list[Any], request: Any, limits: Any) -> int:
         """Refuse (413/422) a request whose work or answer would pass a limit, from counts that
         cost nothing (characters, [MASK]s, top_k), before anything is tokenised; return the
-        work's size in characters, which decides whether it runs off the event loop."""
+        work's cost in characters of tokenising, its parameters' work counted in, which decides
+        whether it runs off the event loop (`inline_cost`)."""
         return sum(len(t) for t in self.texts(items))
 
     def texts(self, items: list[Any]) -> list[str]:

@@ -1,6 +1,7 @@
 """The adversarial review of `make serve` with an API key set, finding by finding: each attack
 is reproduced over real HTTP against the real engine, and each test asserts the bound that
-answers it (docs/security.md, "Bounds"). Every one of them failed on the code the review ran."""
+answers it (docs/security.md, "The bounds, measured"). All but the two `targets` limits, which
+already held, fail on the code the review ran (6a01d94)."""
 
 from __future__ import annotations
 
@@ -191,20 +192,29 @@ def test_head_on_the_probes_is_answered(server):
 
 def test_qa_with_the_heaviest_parameters_keeps_the_loop_free(server):
     """Before: a 4 kB context with max_seq_len 58, doc_stride 27 and top_k 100 stayed under the
-    4,096-character threshold and decoded on the event loop, with a quadratic merge."""
-    context = "the king of france was born in paris and lived there . " * 70  # 3.9 kB
+    4,096-character threshold and decoded on the event loop, with a quadratic merge. Distinct
+    words make every candidate a new answer, the merge's worst case."""
+    context = " ".join(f"w{i}" for i in range(650))  # 3.8 kB
+    assert len(context) < 4096
     body = {
-        "inputs": {"question": "where was the king born ?", "context": context},
+        "inputs": {"question": "which one ?", "context": context},
         "parameters": {"max_seq_len": 58, "doc_stride": 27, "top_k": 100, "max_answer_len": 512},
     }
-    latencies, (response, elapsed) = probe_live_while(server, lambda: post(server, "/qa", body))
-    assert response.status_code in (200, 413), response.text
+
+    def twice():
+        return [post(server, "/qa", body) for _ in range(2)][-1]
+
+    latencies, (response, elapsed) = probe_live_while(server, twice)
+    assert response.status_code == 200, response.text
+    assert len(latencies) >= 3, elapsed
     assert_prompt(latencies, elapsed)
 
 
 def test_qa_merge_is_linear_in_windows_times_candidates(bundle_dir):
     """Before: each candidate span scanned every answer kept so far: 61 windows at top_k 100
-    took 20 s, 60 kB bodies 63 s. Distinct words make every candidate a new answer."""
+    took 20 s, 60 kB bodies 63 s. Distinct words in windows that do not overlap make every
+    candidate a new answer: over 60 windows x 210 candidates, about 13,000 answers, which the
+    old merge compared pair by pair (tens of seconds) and a dict merges in well under one."""
     import numpy as np
 
     from runtime.batching import RowResult
@@ -214,8 +224,9 @@ def test_qa_merge_is_linear_in_windows_times_candidates(bundle_dir):
 
     bundle = bundle_dir / "squad"
     ctx = TaskContext.load(bundle, load_bundle_spec(bundle), 100_000, 64)
-    words = " ".join(f"w{i}" for i in range(4000))
-    inputs, rows = qa.preprocess(ctx, [("which ?", words)], 128, 32, 64)
+    words = " ".join(f"w{i}" for i in range(7500))
+    inputs, rows = qa.preprocess(ctx, [("which ?", words)], 128, 0, 64)
+    assert len(rows) >= 60
     rng = np.random.default_rng(0)
     results = [
         RowResult(
