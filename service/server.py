@@ -306,7 +306,11 @@ class DrainingServer(uvicorn.Server):
         """Admitted requests finish while new ones are answered 503 with `Connection: close`
         (service.state.refusal) on a listener that stays open; then the accept queue is taken
         and answered too, and only then does the listener close, so a client is reset only if
-        its connection completes in the instant between the last accept and the close."""
+        its connection completes in the instant between the last accept and the close. A
+        process still starting has accepted nothing: it exits once its start-up ends."""
+        if not self.started:
+            self.should_exit = True
+            return
         deadline = time.monotonic() + self.drain_timeout
         while self.state.in_flight > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)

@@ -540,3 +540,24 @@ def test_the_private_uvicorn_hooks_the_protocol_uses_are_there():
     for attribute in ("self.transport", "self.response_started", "self.response_complete"):
         assert attribute in cycle, f"{pinned}: RequestResponseCycle sets no {attribute}"
     assert inspect.iscoroutinefunction(RequestResponseCycle.send), f"{pinned}: send changed"
+
+
+def test_sigterm_during_start_up_ends_the_process(bundle_dir):
+    """A worker that gets SIGTERM while it is still starting (a successor started just before
+    the service is stopped) has accepted nothing: its drain must end it, not raise. Before,
+    the drain reached for listeners start-up had not made yet, failed, and the process served
+    on until its supervisor was killed."""
+    from service.app import create_app
+    from service.server import DrainingServer, uvicorn_config
+    from service.settings import Settings
+
+    settings = Settings(bundles=bundle_dir, port=0, intra_op_threads=1)
+    app = create_app(settings)
+    server = DrainingServer(uvicorn_config(app, settings), app.state.service, 1.0)
+
+    async def drain_before_start() -> None:
+        server._loop = asyncio.get_running_loop()
+        await server._drain()
+
+    asyncio.run(drain_before_start())
+    assert server.should_exit
