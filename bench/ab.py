@@ -4,7 +4,7 @@
     python -m bench.ab --old /tmp/ab/s2 --endpoints ner,qa,fill-mask,nsp --rounds 2
 
 An old tree whose bundles are already format 2 is served as it is (a recent commit, given the
-session-2 models under its bundles/, for an A/B of one change on those models).
+current models under its bundles/, for an A/B of one change on those models).
 
 Each side runs `python -m service` from its own tree (working directory and PYTHONPATH; it must
 serve /classify, the readiness check) at its default settings, one side at a time, alternating
