@@ -1,7 +1,7 @@
 """Admission: whether a request is answered at once (503 draining or past a cap, 429 when every
-model for its task is full) before its body is read. One decision, made where the HTTP
-protocol reads the request's headers (service.protocol) and again where the outermost
-middleware counts it in flight (service.app)."""
+model for its task is full) before its body is read. One decision a request
+(ServiceState.admit): where the HTTP protocol reads its headers (service.protocol), or, for a
+request the protocol did not see, in the outermost middleware (service.app)."""
 
 from __future__ import annotations
 
@@ -42,10 +42,10 @@ class Admission:
         self, state: ServiceState, method: str, path: str, connections: int = 0
     ) -> ServiceError | None:
         """Why this request is answered at once, before its body is parsed (None: it is admitted).
-        One decision for both places that enforce it: the HTTP protocol (service.protocol: no
-        ASGI task at all) and the outermost middleware. The probes and /metrics always pass;
-        the API key is checked after this, so an overloaded or draining service refuses
-        unauthenticated requests the same way."""
+        Made once a request, by whichever entrance sees it first: the HTTP protocol
+        (service.protocol: no ASGI task at all) or the outermost middleware. The probes and
+        /metrics always pass; the API key is checked after this, so an overloaded or draining
+        service refuses unauthenticated requests the same way."""
         if path in PUBLIC_PATHS:
             return None
         if state.draining:  # the client should go elsewhere: this connection ends with it

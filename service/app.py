@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.tasks import TASKS
-from service.asgi import SAFE_ID, replaying
+from service.asgi import ADMITTED, SAFE_ID, replaying
 from service.auth import PUBLIC_PATHS, authorizations, check_key
 from service.docs import mount_docs
 from service.errors import (
@@ -129,12 +129,16 @@ class RequestContext:
 
         metrics = self.state.metrics
         app = self.app
-        # The protocol's refusal (service.state.refusal) again, where the in-flight count goes
-        # up: requests that reach their headers in the same loop turn all pass the protocol's
-        # check before any of them is counted (and any other server has no protocol check).
-        # Then the API key, before the body is read or parsed.
+        # The gate (service.admission), decided once a request: by the protocol from the headers
+        # (service.protocol, which then marks the scope), or here for a request it did not see
+        # (a pipelined one, or any other server). Then the API key, before the body is read.
+        # The probes and /metrics answer from memory and hold no slot: no number of them can
+        # crowd out keyed work.
         path = scope["path"]
-        refusal = self.state.refusal(scope["method"], path)
+        counted = path not in PUBLIC_PATHS
+        admitted = ADMITTED in scope.get("extensions", {})
+        refusal = None if admitted else self.state.admit(scope["method"], path)
+        counted = counted and refusal is None
         keys = self.metrics_keys if path == "/metrics" else self.keys
         if refusal is not None:
             app = service_error_response(refusal, metrics)
@@ -143,18 +147,11 @@ class RequestContext:
                 check_key(keys, authorizations(scope["headers"]))
             except Unauthorized as exc:
                 app = service_error_response(exc, metrics)
-        # The probes and /metrics answer from memory and hold no slot: they never count
-        # against max_in_flight, so no number of them can crowd out keyed work.
-        counted = path not in PUBLIC_PATHS
-        if counted:
-            self.state.in_flight += 1
-            metrics.in_flight.inc()
         try:
             await app(scope, receive, send_with_id)
         finally:
             if counted:
-                self.state.in_flight -= 1
-                metrics.in_flight.dec()
+                self.state.leave()
             elapsed = time.perf_counter() - started
             endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
             metrics.request_done(endpoint, status, elapsed if scope["method"] == "POST" else None)

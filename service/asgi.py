@@ -16,6 +16,9 @@ SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # future that completes when its connection is lost: a request waiting for the model awaits it
 # with a callback, where watching `receive` for "http.disconnect" takes a task a request.
 CONNECTION_LOST = "bertserve.connection_lost"
+# The scope key by which the protocol says it admitted a request and took its in-flight slot
+# (ServiceState.admit): the middleware then does not decide again.
+ADMITTED = "bertserve.admitted"
 
 Disconnected = Callable[[], Awaitable[None]]  # completes when the client goes away
 # What tells a waiting request that its client went away (service.handler.submit).

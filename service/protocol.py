@@ -10,11 +10,13 @@ task (so they cost a few microseconds, not a request's worth of Python):
   request on it carries a valid key. Past `max_anonymous` of the others, or past the process's
   connection cap, the oldest idle anonymous ones are closed, so clients without a key cannot
   take the connections keyed clients need;
-- a gate (`ServiceState.refusal`): while the service drains, or when it is past its in-flight or
-  connection cap, or every model for the path has a full queue, the request is answered here
-  with a pre-encoded 503/429 and `Retry-After` once its bytes are in, and its body is dropped
-  unread into the parser. Under 5x overload this is what keeps every answer an HTTP answer: the
-  event loop refuses at tens of thousands a second instead of a few thousand.
+- the gate (`ServiceState.admit`, decided once a request): while the service drains, or when
+  it is past its in-flight or connection cap, or every model for the path has a full queue, the
+  request is answered here with a pre-encoded 503/429 and `Retry-After` once its bytes are in,
+  and its body is dropped unread into the parser; an admitted one takes its in-flight slot here,
+  so a burst read in one loop turn cannot pass the cap. Under 5x overload this is what keeps
+  every answer an HTTP answer: the event loop refuses at tens of thousands a second instead of
+  a few thousand.
 
 The body's own timeout is the app's (service.app.BodyLimit)."""
 
@@ -24,6 +26,7 @@ import array
 import asyncio
 import fcntl
 import termios
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -33,7 +36,7 @@ import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from service.asgi import CONNECTION_LOST, SAFE_ID
+from service.asgi import ADMITTED, CONNECTION_LOST, SAFE_ID
 from service.auth import authorizations, authorized
 from service.errors import HeadersTooLarge, NotReady, RequestTimeout, ServiceError
 
@@ -266,12 +269,15 @@ class GuardedProtocol(HttpToolsProtocol):
         if self.gate is not None and idle and not self.parser.should_upgrade():
             method = self.parser.get_method().decode("ascii")
             path = httptools.parse_url(self.url).path.decode("ascii", "replace")
-            refusal = self.gate(method, path, len(self.connections))
-            if refusal is None and policy.crowded(self):
-                refusal = ANONYMOUS_CROWDED
+            if "%" in path:  # the path the app routes on, as uvicorn decodes it
+                path = urllib.parse.unquote(path)
+            # Last, the gate: an admitted API request holds its in-flight slot from here on.
+            refusal: ServiceError | None = ANONYMOUS_CROWDED if policy.crowded(self) else None
+            refusal = refusal or self.gate(method, path, len(self.connections))
             if refusal is not None:
                 self._refusal, self._refusal_path = refusal, path
                 return
+            self.scope.setdefault("extensions", {})[ADMITTED] = {}  # the app does not decide again
         super().on_headers_complete()
         if type(self.cycle) is RequestResponseCycle:
             self.cycle.__class__ = OneWriteCycle

@@ -304,7 +304,7 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain(self) -> None:
         """Admitted requests finish while new ones are answered 503 with `Connection: close`
-        (service.state.refusal) on a listener that stays open; then the accept queue is taken
+        (ServiceState.admit) on a listener that stays open; then the accept queue is taken
         and answered too, and only then does the listener close, so a client is reset only if
         its connection completes in the instant between the last accept and the close. A
         process still starting has accepted nothing: it exits once its start-up ends."""
@@ -389,7 +389,7 @@ def uvicorn_config(app, settings: Settings) -> uvicorn.Config:
         port=settings.port,
         http=guarded_protocol(
             settings.header_timeout_s,
-            state.refusal,
+            state.admit,
             functools.partial(count_refusal, state),
             settings.refusal_delay_ms / 1000,
             state.metrics.open_connections.inc,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from runtime.engine import Engine
 from service.admission import Admission
+from service.auth import PUBLIC_PATHS
 from service.errors import NotFound, NotReady, ServiceError
 from service.memory import Trimmer
 from service.metrics import Metrics
@@ -41,9 +42,19 @@ class ServiceState:
     def __post_init__(self) -> None:
         self.admission = Admission(self.settings)
 
-    def refusal(self, method: str, path: str, connections: int = 0) -> ServiceError | None:
-        """Why this request is answered at once (service.admission); None: it is admitted."""
-        return self.admission.refusal(self, method, path, connections)
+    def admit(self, method: str, path: str, connections: int = 0) -> ServiceError | None:
+        """The gate, decided once a request (service.admission): why it is answered at once,
+        or None, and then an API request holds an in-flight slot from here on, until `leave`."""
+        refusal = self.admission.refusal(self, method, path, connections)
+        if refusal is None and path not in PUBLIC_PATHS:
+            self.in_flight += 1
+            self.metrics.in_flight.inc()
+        return refusal
+
+    def leave(self) -> None:
+        """An admitted API request is answered (or its client left): its slot is free."""
+        self.in_flight -= 1
+        self.metrics.in_flight.dec()
 
     def serving(self) -> dict[str, list[str]]:
         """Task -> the names of the models serving it, the default first."""

@@ -129,8 +129,8 @@ def test_a_refusal_never_reaches_the_app_and_keeps_the_connection(bundle_dir, ca
 
 
 def test_the_protocol_and_the_middleware_answer_a_refusal_alike(bundle_dir):
-    """Two enforcement points, one decision (ServiceState.refusal): the bytes the protocol
-    writes carry what the app's own error response carries."""
+    """Two entrances, one decision (ServiceState.admit): the bytes the protocol writes carry
+    what the app's own error response carries (for requests the protocol does not see)."""
     with live_server(bundles=bundle_dir) as live:
         live.state.draining = True
         with connect(live) as sock:
@@ -153,6 +153,63 @@ def test_the_protocol_and_the_middleware_answer_a_refusal_alike(bundle_dir):
     assert json.loads(body) == expected.json()
     assert headers["connection"] == expected.headers["connection"] == "close"
     assert headers["retry-after"] == expected.headers["retry-after"] == "1"
+
+
+def test_each_request_meets_the_gate_once(bundle_dir):
+    """One admission decision a request: the protocol's for a request it reads first, the
+    middleware's for one pipelined behind another, never both."""
+    with live_server(bundles=bundle_dir) as live:
+        admission = live.state.admission
+        decided: list[str] = []
+        refusal = admission.refusal
+
+        def counted(state, method, path, connections=0):
+            decided.append(path)
+            return refusal(state, method, path, connections)
+
+        admission.refusal = counted
+        try:
+            with connect(live) as sock:
+                for _ in range(2):  # one at a time: the protocol decides
+                    sock.sendall(post("/classify"))
+                    assert read_response(sock)[0] == 200
+                sock.sendall(post("/classify") * 3)  # pipelined: the middleware decides two
+                assert [r[0] for r in read_responses(sock, 3)] == [200, 200, 200]
+        finally:
+            admission.refusal = refusal
+        assert decided == ["/classify"] * 5
+        assert live.state.in_flight == 0
+
+
+def test_a_burst_in_one_loop_turn_is_held_to_the_in_flight_cap(bundle_dir):
+    """Requests whose headers all arrive before any is answered: the protocol takes each one's
+    slot as it admits it, so exactly max_in_flight of them run and the rest get 503 at once."""
+    with live_server(bundles=bundle_dir, max_in_flight=3) as live:
+        gate = threading.Event()
+        wrap(live, "sentiment", gate=gate)
+        socks = [connect(live) for _ in range(8)]
+        try:
+            for sock in socks:
+                sock.sendall(post("/classify"))
+            asyncio.run(until(lambda: live.state.in_flight == 3))
+            refused, held = [], []
+            for sock in socks:
+                sock.settimeout(2)  # a refusal takes microseconds; a held one never comes
+                try:
+                    refused.append(read_response(sock))
+                except TimeoutError:
+                    held.append(sock)
+            assert [r[0] for r in refused] == [503] * 5
+            assert len(held) == 3 and live.state.in_flight == 3
+            gate.set()
+            for sock in held:
+                sock.settimeout(10)
+                assert read_response(sock)[0] == 200
+            asyncio.run(until(lambda: live.state.in_flight == 0))
+        finally:
+            gate.set()
+            for sock in socks:
+                sock.close()
 
 
 def test_past_the_connection_cap_a_request_gets_503_and_its_connection_closes(bundle_dir):
