@@ -311,4 +311,4 @@ def test_a_worker_over_its_memory_ceiling_is_replaced_without_a_lost_request(bun
     retired = [line for line in lines if "retired with 0" in line]
     assert retired, output[-3000:]
     assert errors == [] and set(statuses) == {200}, (statuses, errors)
-    assert process.returncode == 0
+    assert process.returncode == 0, output[-3000:]
