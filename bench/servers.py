@@ -67,9 +67,10 @@ def serve(
     log: Path,
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
+    ready_path: str = "/classify",
 ) -> Iterator[Server]:
-    """Run server `name` until the block ends; ready once POST /classify answers 200. `cwd`:
-    the source tree to run (`python -m` imports from the working directory first)."""
+    """Run server `name` until the block ends; ready once POST `ready_path` answers 200.
+    `cwd`: the source tree to run (`python -m` imports from the working directory first)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with open(log, "wb") as out:
@@ -83,7 +84,7 @@ def serve(
         )
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_ready(f"{base}/classify", ready_body, timeout=300, proc=proc)
+        wait_ready(f"{base}{ready_path}", ready_body, timeout=300, proc=proc)
         yield Server(name, base, proc, time.monotonic() - started)
     finally:
         stop(proc)

@@ -26,6 +26,7 @@ from export.graph import (
     optimise,
     output_axes,
     read_pooling,
+    read_prompts,
     resolve_tasks,
 )
 from export.parity import (
@@ -203,6 +204,7 @@ def build_bundle(
     model = load_model(checkpoint, TASK_SPECS[tasks[0]].architecture).eval()
     inputs, outputs = graph_io(tasks)
     pooling = read_pooling(checkpoint) if "embed" in tasks else None
+    prompts = read_prompts(checkpoint) if "embed" in tasks else {}
 
     with tempfile.TemporaryDirectory(prefix="bertserve-export-") as tmp:
         work = Path(tmp)
@@ -270,6 +272,7 @@ def build_bundle(
             outputs=outputs,
             output_axes=output_axes(tasks),
             pooling=pooling,
+            **prompts,
             precision=precision,
             model_sha256=sha256(staging / "model.onnx"),
             export_parity=check | {"tolerance": TOLERANCE[precision]},

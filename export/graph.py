@@ -85,6 +85,20 @@ def read_pooling(checkpoint: Path) -> dict[str, object]:
     return {"mode": mode, "normalize": normalize}
 
 
+def read_prompts(checkpoint: Path) -> dict[str, Any]:
+    """A sentence-transformers directory's prompts and default prompt name
+    (config_sentence_transformers.json), as bundle.json keeps them; none where it has none."""
+    import json
+
+    path = checkpoint / "config_sentence_transformers.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    prompts = {str(k): str(v) for k, v in (config.get("prompts") or {}).items()}
+    default = config.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise ExportError(f"{path}: default_prompt_name {default!r} is not one of its prompts")
+    return {"prompts": prompts, "default_prompt_name": default}
+
+
 class ExportError(ValueError):
     """A request the exporter cannot satisfy; the message says what to change."""
 

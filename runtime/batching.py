@@ -2,7 +2,10 @@
 token budget, and one worker thread that runs the model off the event loop.
 
 A request enqueues its sequences (`Row`s: a client batch, or a long text's windows) and awaits
-them. When the model is free, the batching loop takes what is queued: batches form while the
+them. Two kinds share one queue: interactive requests (one input) are admitted while the queue
+holds at most `max_queue_wait_ms` of their work and go first into every batch; client batches
+(more than one input: an indexer's traffic) queue behind them up to `max_bulk_queue_rows`
+instead of being refused at that bound. When the model is free, the batching loop takes what is queued: batches form while the
 model is busy, so a lone request never waits for company and a loaded server runs full batches.
 With `max_wait_ms` > 0 it also waits, up to that long after the oldest row arrived, for a batch
 to fill (row cap or token budget). It drops rows whose request was cancelled (client gone),
@@ -58,9 +61,12 @@ class RowResult:
 
 @dataclass
 class _Request:
-    """What a request's rows share: whether any of them has been handed to the model."""
+    """What a request's rows share: whether any of them has been handed to the model, and
+    whether it is a client batch (bulk: its own admission bound, and interactive rows go
+    first)."""
 
     started: bool = False
+    bulk: bool = False
 
 
 @dataclass
@@ -126,6 +132,8 @@ class Limits(Protocol):
     @property
     def max_queue_time_ms(self) -> float: ...
     @property
+    def max_bulk_queue_rows(self) -> int: ...
+    @property
     def request_timeout_s(self) -> float: ...
 
 
@@ -171,6 +179,7 @@ class Batcher:
         # (0 once the warm-up has seen the graph run without slots: service.warmup.probe_slots).
         self.positions = positions
         self._items: list[_Item] = []
+        self._bulk = 0  # rows of client batches among _items
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{name}")
         self._task: asyncio.Task[None] | None = None
@@ -234,45 +243,60 @@ class Batcher:
 
     @property
     def expected_wait_s(self) -> float:
-        """How long the queue would take to clear at the rate this model has been serving rows
-        (0 before the first measured batch)."""
-        return len(self._items) / self.rows_per_s if self.rows_per_s else 0.0
+        """How long the interactive rows queued would take to clear at the rate this model has
+        been serving rows (0 before the first measured batch): they go before client batches'."""
+        interactive = len(self._items) - self._bulk
+        return interactive / self.rows_per_s if self.rows_per_s else 0.0
 
-    def refusal(self, rows: int = 1) -> str | None:
-        """Why `rows` more sequences would be refused (None: admitted): the queue is at its row
-        limit, or it already holds more than `max_queue_wait_ms` of work, so that what is
-        admitted is answered in time and the rest is told at once to retry."""
-        limit = self.settings.max_queue_rows
+    def refusal(self, rows: int = 1, bulk: bool = False) -> str | None:
+        """Why `rows` more sequences would be refused (None: admitted).
+
+        Interactive rows (a request of one input): the queue is at its row limit, or already
+        holds more than `max_queue_wait_ms` of interactive work, so that what is admitted is
+        answered in time and the rest is told at once to retry. Client batches (bulk): they
+        queue behind the interactive rows up to `max_bulk_queue_rows`, and while the model can
+        clear them within half of `request_timeout_s` at its measured rate: an indexer's
+        batches wait instead of being refused, and interactive answers keep their bound."""
         # Fixed texts (no counts): the protocol encodes each refusal once.
-        if len(self._items) + rows > limit:
+        if bulk:
+            limit = self.settings.max_bulk_queue_rows
+            if self._bulk + rows > limit:
+                return f"model {self.name} has {limit} client-batch sequences queued (the limit)"
+            budget = self.settings.request_timeout_s / 2
+            if self.rows_per_s and self._bulk and self._bulk / self.rows_per_s > budget:
+                return f"model {self.name} has over {budget:g} s of client batches queued"
+            return None
+        limit = self.settings.max_queue_rows
+        if len(self._items) - self._bulk + rows > limit:
             return f"model {self.name} has {limit} sequences queued (the limit)"
         wait_ms = self.settings.max_queue_wait_ms
-        if wait_ms and self.depth and self.expected_wait_s * 1000 > wait_ms:
+        if wait_ms and self.depth > self._bulk and self.expected_wait_s * 1000 > wait_ms:
             return f"model {self.name} has over {wait_ms:g} ms of work queued (the limit)"
         return None
 
     # --- requests -----------------------------------------------------------------------------
 
-    def enqueue(self, rows: list[Row]) -> list[asyncio.Future[RowResult]]:
-        """Queue a request's rows; one future a row. Raises 429 past the admission limit.
-        Cancelling a future drops its row if the model has not taken it yet; a row still
-        unanswered at the deadline fails with a 504 (`_watch`)."""
-        refused = self.refusal(len(rows))
+    def enqueue(self, rows: list[Row], bulk: bool = False) -> list[asyncio.Future[RowResult]]:
+        """Queue a request's rows; one future a row. Raises 429 past the admission limit of its
+        kind (`refusal`). Cancelling a future drops its row if the model has not taken it yet;
+        a row still unanswered at the deadline fails with a 504 (`_watch`)."""
+        refused = self.refusal(len(rows), bulk)
         if refused is not None:
             raise Overloaded(f"{refused}; retry shortly", headers={"Retry-After": "1"})
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + self.settings.request_timeout_s
-        request = _Request()
+        request = _Request(bulk=bulk)
         items = [_Item(row, loop.create_future(), deadline, request) for row in rows]
         self._items.extend(items)
+        self._bulk += len(items) if bulk else 0
         self._depth.set(len(self._items))
         self._wake.set()
         return [item.future for item in items]
 
-    async def submit(self, rows: list[Row]) -> list[RowResult]:
+    async def submit(self, rows: list[Row], bulk: bool = False) -> list[RowResult]:
         """Enqueue a request's rows and wait for all of them (`enqueue`, then `gather`).
         Cancelling the awaiting task cancels its rows."""
-        return await gather(self.enqueue(rows))
+        return await gather(self.enqueue(rows, bulk))
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -395,7 +419,12 @@ class Batcher:
                     DeadlineExceeded(f"model {self.name}: deadline passed in the queue")
                 )
                 self._dropped["expired"].inc()
-            elif overdue and not item.request.started and now - item.enqueued > overdue:
+            elif (
+                overdue
+                and not item.request.started
+                and not item.request.bulk
+                and now - item.enqueued > overdue
+            ):
                 # Admission promised an answer within max_queue_wait_ms at the rate measured so
                 # far; a loop swamped by a flood can make that rate a promise it cannot keep. A
                 # quick "retry" beats a late answer. Only for a request none of whose rows has
@@ -406,12 +435,16 @@ class Batcher:
             else:
                 live.append(item)
         if not live:
-            self._items = []
+            self._items, self._bulk = [], 0
             self._depth.set(0)
             return []
-        anchor = len(live[0].row)  # the oldest row goes first: no starvation
-        by_closeness = sorted(live[1:], key=lambda item: abs(len(item.row) - anchor))
-        batch, longest = [live[0]], anchor
+        # The oldest interactive row goes first (no starvation; client batches wait behind
+        # requests of one input), else the oldest row of a client batch.
+        first = next((item for item in live if not item.request.bulk), live[0])
+        anchor = len(first.row)
+        others = [item for item in live if item is not first]
+        by_closeness = sorted(others, key=lambda item: abs(len(item.row) - anchor))
+        batch, longest = [first], anchor
         for item in by_closeness:
             new_longest = max(longest, len(item.row))
             if (
@@ -428,6 +461,7 @@ class Batcher:
             item.request.started = True
         chosen = {id(item) for item in batch}
         self._items = [item for item in live if id(item) not in chosen]
+        self._bulk = sum(1 for item in self._items if item.request.bulk)
         self._depth.set(len(self._items) + len(batch))
         return batch
 
@@ -448,7 +482,7 @@ class Batcher:
         for item in self._items:
             if not item.future.done():
                 item.future.set_exception(error)
-        self._items = []
+        self._items, self._bulk = [], 0
 
 
 async def gather(

@@ -106,6 +106,11 @@ class BundleSpec(_Strict):
     outputs: list[str]
     output_axes: dict[str, Axes]
     pooling: PoolingSpec | None = None  # embeddings only
+    # Embeddings: named texts put before an input (sentence-transformers' prompts, e.g. E5's
+    # "query: " and "passage: "), chosen by a request's prompt_name; the default one, if any,
+    # applies when a request names none.
+    prompts: dict[str, str] = {}
+    default_prompt_name: str | None = None
     precision: Precision
     opset: int
     architecture: ArchitectureSpec
@@ -124,6 +129,11 @@ class BundleSpec(_Strict):
     def _consistent(self) -> BundleSpec:
         if len(set(self.tasks)) != len(self.tasks):
             raise ValueError(f"tasks repeat: {self.tasks}")
+        if self.default_prompt_name is not None and self.default_prompt_name not in self.prompts:
+            raise ValueError(
+                f"default_prompt_name {self.default_prompt_name!r} is not one of the prompts "
+                f"{sorted(self.prompts)}"
+            )
         if self.inputs[:3] != list(BASE_INPUTS) or self.inputs[3:] not in ([], [MASK_POSITIONS]):
             raise ValueError(
                 f"inputs {self.inputs} should be {list(BASE_INPUTS)} (+ mask_positions)"

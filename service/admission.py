@@ -5,9 +5,9 @@ request the protocol did not see, in the outermost middleware (service.app)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from runtime.tasks import TASKS
+from runtime.tasks import TASKS, Task
 from service.auth import PUBLIC_PATHS
 from service.errors import NotReady, Overloaded, ServiceError
 from service.models import Model
@@ -54,7 +54,7 @@ class Admission:
             return self._connections
         if state.in_flight >= self.settings.max_in_flight:
             return self._crowded
-        task = TASKS.get(path)
+        task = routed(path, self.settings)
         busy = (
             saturated(state.models, task.capability)
             if task is not None and method == "POST"
@@ -65,6 +65,23 @@ class Admission:
         if busy not in self._overloaded:
             self._overloaded[busy] = Overloaded(busy, RETRY_HEADERS)
         return self._overloaded[busy]
+
+
+ROOT = "/"  # TEI's and Hugging Face InferenceClient's base URL: the root task's endpoint
+
+
+def routed(path: str, settings: Settings) -> Task | None:
+    """The task a path serves: its own, or for POST / the root task (`root_task`)."""
+    task = TASKS.get(path)
+    return TASKS[settings.root_task] if task is None and path == ROOT else task
+
+
+def root_task(data: Any, settings: Settings) -> Task:
+    """The task of a POST / body: /similarity for TEI's similarity inputs, else the root task."""
+    inputs = data.get("inputs") if isinstance(data, dict) else None
+    if isinstance(inputs, dict) and "source_sentence" in inputs:
+        return TASKS["/similarity"]
+    return TASKS[settings.root_task]
 
 
 def saturated(models: dict[str, Model], task: str) -> str | None:

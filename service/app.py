@@ -34,12 +34,16 @@ from service.errors import (
 )
 from service.fastpath import FastPath
 from service.metrics import Metrics
-from service.routes import api, ops
+from service.routes import api, ops, root_route
 from service.settings import Settings
 from service.state import ServiceState
 
 log = logging.getLogger("service.access")
-ENDPOINTS = {*TASKS, "/health/live", "/health/ready", "/metrics", "/models"}
+ENDPOINTS = {
+    *TASKS,
+    *("/", "/tokenize", "/decode", "/v1/models"),
+    *("/health/live", "/health/ready", "/metrics", "/models"),
+}
 # A retiring worker (replaced for its memory) closes each connection after its answer.
 RETIRING_HEADERS: dict[bool, tuple[tuple[bytes, bytes], ...]] = {
     False: (),
@@ -219,6 +223,7 @@ def create_app(settings: Settings) -> ServiceApp:
     app.router.redirect_slashes = False
     app.state.service = state
     app.include_router(api)
+    app.include_router(root_route(settings))
     app.include_router(ops)
     mount_docs(app)
 

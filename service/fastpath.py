@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.tasks import TASKS
+from service.admission import ROOT, root_task
 from service.asgi import disconnect_watch, replaying
 from service.errors import (
     ServiceError,
@@ -38,8 +39,8 @@ class FastPath:
         self.app, self.state = app, state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        task = TASKS.get(scope["path"]) if scope["type"] == "http" else None
-        if task is None or scope["method"] != "POST":
+        path = scope["path"] if scope["type"] == "http" else None
+        if (path not in TASKS and path != ROOT) or scope["method"] != "POST":
             return await self.app(scope, receive, send)
         query = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
         content_type = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
@@ -55,6 +56,7 @@ class FastPath:
         except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep:
             return await self.app(scope, replay, send)  # FastAPI words that error
 
+        task = TASKS[path] if path != ROOT else root_task(data, self.state.settings)
         response: Response
         try:
             # Python mode on the decoded JSON, as FastAPI does: pydantic's JSON mode words

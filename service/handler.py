@@ -104,7 +104,7 @@ async def _run(
             f"request may use {limit}. Send a shorter text or fewer inputs"
         )
     stats.update(model=model.name, rows=len(rows), tokens=sum(len(r) for r in rows))
-    results = await submit(model, rows, disconnected)
+    results = await submit(model, rows, disconnected, bulk=len(items) > 1)
     t2 = time.perf_counter()
     checkpoint()
     if off_loop:
@@ -157,11 +157,13 @@ def pick_model(state: ServiceState, task: Task, request: Any, query_name: str | 
     return state.model_for(task.capability, name)
 
 
-async def submit(model: Model, rows: list[Row], disconnected: Gone | None) -> list[RowResult]:
+async def submit(
+    model: Model, rows: list[Row], disconnected: Gone | None, bulk: bool = False
+) -> list[RowResult]:
     """Queue the rows; if the client goes away first, cancel them (they cost no compute).
     `disconnected`: a future the server completes when the connection is lost (bertserve's
     protocol), or a coroutine function to watch for it (any other ASGI server)."""
-    futures = model.batcher.enqueue(rows)
+    futures = model.batcher.enqueue(rows, bulk)
     if disconnected is None or isinstance(disconnected, asyncio.Future):
         return await gather(futures, disconnected)
     watch = asyncio.ensure_future(disconnected())

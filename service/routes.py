@@ -3,17 +3,26 @@ thin adapter over `handle`; and the operational ones (health, metrics, models)."
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import inspect
 from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, Field
 
 from runtime import schemas
-from runtime.tasks import TASKS, Task
+from runtime.tasks import TASKS, Task, embed
+from runtime.tasks.common import TaskContext
+from service.admission import ROOT
 from service.asgi import disconnect_watch
+from service.errors import InvalidInput, NotFound, NotReady, TooLarge
 from service.handler import handle
+from service.models import Model
+from service.settings import Settings
 from service.state import ServiceState
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -71,6 +80,49 @@ def task_route(task: Task):
     return endpoint
 
 
+def root_route(settings: Settings) -> APIRouter:
+    """POST /: the root task (`root_task`, /embed by default), or /similarity for a body whose
+    inputs hold a source_sentence, as text-embeddings-inference answers its base URL and as
+    Hugging Face's InferenceClient posts to one."""
+    root, similarity = TASKS[settings.root_task], TASKS["/similarity"]
+    body_type: Any = root.request if root is similarity else root.request | similarity.request
+
+    async def root_endpoint(request: Request, body: Any, model: Any = None) -> Response:
+        task = similarity if isinstance(body, similarity.request) else root
+        answer = await handle(
+            state_of(request),
+            task,
+            body,
+            model,
+            request.scope["state"],
+            disconnect_watch(request.scope, request.receive),
+        )
+        return Response(answer, media_type="application/json")
+
+    root_endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter(
+                "request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request
+            ),
+            inspect.Parameter(
+                "body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=body_type
+            ),
+            inspect.Parameter(
+                "model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=ModelName
+            ),
+        ]
+    )
+    router = APIRouter(responses=ERROR_RESPONSES)
+    router.add_api_route(
+        ROOT,
+        root_endpoint,
+        methods=["POST"],
+        response_model=root.response if root is similarity else root.response | list[float],
+        summary=f"The root task ({settings.root_task}), or /similarity for similarity inputs",
+    )
+    return router
+
+
 api = APIRouter(responses=ERROR_RESPONSES)
 for _task in TASKS.values():
     api.add_api_route(
@@ -82,7 +134,118 @@ for _task in TASKS.values():
     )
 
 
+class SimpleToken(BaseModel):
+    id: int
+    text: str
+    special: bool
+    start: int | None = Field(description="first character in the input; null for special")
+    stop: int | None = Field(description="one past the last character; null for special")
+
+
+class TokenizeRequest(schemas.Request):
+    inputs: embed.Texts
+    add_special_tokens: bool = True
+    prompt_name: embed.PromptName = None
+
+
+class DecodeRequest(schemas.Request):
+    ids: embed.TokenIds | Annotated[list[embed.TokenIds], Field(min_length=1)]
+    skip_special_tokens: bool = True
+
+
+def tokenizer_model(state: ServiceState, name: str | None) -> Model:
+    """The model whose tokenizer /tokenize and /decode use: `?model=`, else the root task's
+    default model."""
+    if not state.models:
+        raise NotReady("the service is starting: models are not loaded yet")
+    if name is not None:
+        found = state.models.get(name)
+        if found is None:
+            raise NotFound(f"no model {name!r}; models: {sorted(state.models)}")
+        return found
+    capability = TASKS[state.settings.root_task].capability
+    return state.defaults.get(capability) or next(iter(state.models.values()))
+
+
+def tokens(ctx: TaskContext, text: str, add_special_tokens: bool) -> list[dict[str, Any]]:
+    enc = ctx.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    out = []
+    for piece_id, piece, (start, stop), word in zip(
+        enc.ids, enc.tokens, enc.offsets, enc.sequence_ids, strict=True
+    ):
+        special = word is None
+        out.append(
+            {
+                "id": piece_id,
+                "text": piece if special else text[start:stop],
+                "special": special,
+                "start": None if special else start,
+                "stop": None if special else stop,
+            }
+        )
+    return out
+
+
+@api.post("/tokenize", response_model=list[list[SimpleToken]], summary="Word pieces (TEI)")
+async def tokenize(request: Request, body: TokenizeRequest, model: ModelName = None) -> Response:
+    """Each input's pieces with their offsets, as the model would see them
+    (text-embeddings-inference's /tokenize)."""
+    state = state_of(request)
+    chosen = tokenizer_model(state, model)
+    ctx, settings = chosen.ctx, state.settings
+    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    if len(texts) > settings.max_client_batch:
+        raise TooLarge(
+            f"{len(texts)} inputs in one request; the limit is {settings.max_client_batch}"
+        )
+    texts = [embed.prompted(ctx, body.prompt_name, ctx.check_text(t)) for t in texts]
+
+    def run() -> bytes:
+        return orjson.dumps([tokens(ctx, t, body.add_special_tokens) for t in texts])
+
+    heavy = sum(len(t) for t in texts) > settings.inline_cost
+    answer = await asyncio.to_thread(run) if heavy else run()
+    return Response(answer, media_type="application/json")
+
+
+@api.post("/decode", response_model=list[str], summary="Text from token ids (TEI)")
+async def decode(request: Request, body: DecodeRequest, model: ModelName = None) -> list[str]:
+    """Each list of ids as text (text-embeddings-inference's /decode)."""
+    state = state_of(request)
+    ctx = tokenizer_model(state, model).ctx
+    lists = [body.ids] if isinstance(body.ids[0], int) else body.ids
+    if len(lists) > state.settings.max_client_batch:
+        raise TooLarge(
+            f"{len(lists)} inputs in one request; the limit is {state.settings.max_client_batch}"
+        )
+    vocab = ctx.spec.tokenizer.vocab_size
+    for ids in lists:
+        bad = next((i for i in ids if i >= vocab), None)
+        if bad is not None:
+            raise InvalidInput(f"token id {bad} is outside the model's vocabulary (0..{vocab - 1})")
+        if len(ids) > ctx.max_text_chars:
+            raise TooLarge(f"{len(ids)} ids in one input; the limit is {ctx.max_text_chars}")
+    return ctx.tokenizer.decode_batch(lists, skip_special_tokens=body.skip_special_tokens)
+
+
 ops = APIRouter()
+
+
+@ops.get("/v1/models", summary="The loaded models, in OpenAI's list schema")
+async def openai_models(request: Request) -> dict[str, Any]:
+    state = state_of(request)
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": m.name,
+                "object": "model",
+                "created": int(dt.datetime.fromisoformat(m.spec.created_at).timestamp()),
+                "owned_by": "bertserve",
+            }
+            for m in state.models.values()
+        ],
+    }
 
 
 # HEAD too: load balancers and uptime checkers probe with it.
@@ -139,6 +302,8 @@ async def models(request: Request) -> list[dict[str, Any]]:
             "provider": m.engine.provider,
             "requested_provider": m.engine.requested,
             "max_seq_len": m.spec.max_seq_len,
+            "prompts": m.spec.prompts,
+            "default_prompt_name": m.spec.default_prompt_name,
             "architecture": m.spec.architecture.model_dump(),
             "metrics": m.spec.metrics,
             "weights": m.spec.source.init.model_dump() if m.spec.source.init else None,

@@ -143,6 +143,13 @@ class Settings(BaseSettings):
         "the padding would cost more model time than another call (measured as it serves)",
     )
     max_queue_rows: int = Field(512, ge=1, description="sequences admitted per model; past it 429")
+    max_bulk_queue_rows: int = Field(
+        4096,
+        ge=1,
+        description="sequences of client batches (requests of more than one input) a model may "
+        "hold queued behind the interactive ones; they are also refused once the model could not "
+        "clear them within half of request_timeout_s at its measured rate",
+    )
     max_queue_wait_ms: float = Field(
         500.0,
         ge=0,
@@ -160,6 +167,12 @@ class Settings(BaseSettings):
     )
     request_timeout_s: float = Field(30.0, gt=0, description="queue deadline; past it 504")
     max_client_batch: int = Field(32, ge=1, description="inputs in one request")
+    root_task: str = Field(
+        "/embed",
+        description="the task POST / answers (text-embeddings-inference's and Hugging Face "
+        "InferenceClient's base URL); a body whose inputs hold a source_sentence goes to "
+        "/similarity",
+    )
     max_request_rows: int = Field(
         64,
         ge=1,
@@ -240,6 +253,15 @@ class Settings(BaseSettings):
     def _bundles_exist(cls, value: Path) -> Path:
         if not value.is_dir():
             raise ValueError(f"bundle directory {value} does not exist")
+        return value
+
+    @field_validator("root_task")
+    @classmethod
+    def _root_task(cls, value: str) -> str:
+        from runtime.tasks import TASKS
+
+        if value not in TASKS:
+            raise ValueError(f"BERTSERVE_ROOT_TASK must be one of {sorted(TASKS)}, got {value!r}")
         return value
 
     @field_validator("providers")

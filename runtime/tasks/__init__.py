@@ -20,6 +20,7 @@ TASKS: dict[str, Task] = {
         nsp.TASK,
         embed.EMBED,
         embed.OPENAI_EMBEDDINGS,
+        embed.SIMILARITY,
     )
 }
 # The bundle tasks (bundle.json "tasks") some endpoint serves, and the outputs each reads.

@@ -8,12 +8,14 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from runtime.batching import Row, RowResult
-from runtime.schemas import Params, Request, Text
+from runtime.schemas import WHOLE, Params, Request, Text
 from runtime.tasks.common import Task, TaskContext, row, sigmoid, softmax
 
 
 class ClassifyParams(Params):
-    top_k: int | None = Field(1, ge=1, description="labels per input; null for all")
+    top_k: Annotated[int, Field(ge=1), WHOLE] | None = Field(
+        1, description="labels per input; null for all"
+    )
     function_to_apply: Literal["softmax", "sigmoid", "none"] | None = None
     truncation: bool = False
 

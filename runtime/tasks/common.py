@@ -92,6 +92,7 @@ class TaskContext:
     max_text_chars: int
     max_rows: int = 1_000_000  # sequences one request may become (windows are counted first)
     _local: threading.local = field(default_factory=threading.local)
+    _frame: tuple[list[int], list[int]] | None = field(default=None, repr=False)
 
     @classmethod
     def load(
@@ -181,6 +182,35 @@ class TaskContext:
         cut = tokenize(self.tokenizer, head, add_special_tokens=False)
         cut.truncate(keep)
         return cut
+
+    def encode_ids(self, ids: list[int], truncate: bool = False) -> Row:
+        """A row from token ids the client tokenised itself (OpenAI's token-array inputs): the
+        ids between the special tokens the tokenizer's single-text template puts around a
+        text; an id outside the vocabulary is a 422, an over-long input a 413 unless
+        `truncate`."""
+        vocab = self.spec.tokenizer.vocab_size
+        bad = next((i for i in ids if not 0 <= i < vocab), None)
+        if bad is not None:
+            raise InvalidInput(f"token id {bad} is outside the model's vocabulary (0..{vocab - 1})")
+        front, back = self.special_frame
+        room = self.max_len - len(front) - len(back)
+        if len(ids) > room:
+            if not truncate:
+                raise self.too_long(len(ids) + len(front) + len(back))
+            ids = ids[:room]
+        full = np.asarray([*front, *ids, *back], dtype=np.int64)
+        return Row(full, np.zeros_like(full))
+
+    @property
+    def special_frame(self) -> tuple[list[int], list[int]]:
+        """The special tokens before and after a single text ([CLS] and [SEP] for BERT)."""
+        frame = self._frame
+        if frame is None:
+            enc = self.tokenizer.encode("a")
+            first = enc.sequence_ids.index(0)
+            last = len(enc.sequence_ids) - enc.sequence_ids[::-1].index(0)
+            frame = self._frame = (enc.ids[:first], enc.ids[last:])
+        return frame
 
     def too_long(self, tokens: int, qualifier: str = "") -> TooLarge:
         return TooLarge(

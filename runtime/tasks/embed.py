@@ -1,9 +1,13 @@
-"""Sentence embeddings, the sixth task: `/embed` in text-embeddings-inference's schema and
-`/v1/embeddings` in OpenAI's, both on bundles exported with the `embed` task.
+"""Sentence embeddings: `/embed` and `/similarity` in text-embeddings-inference's schema and
+`/v1/embeddings` in OpenAI's, all on bundles exported with the `embed` task.
 
 The graph pools the encoder's last hidden states (mean over real tokens, or [CLS], as
 `bundle.json` "pooling" says); normalising to unit length happens here, as the request (TEI's
-`normalize`) or the bundle's default asks. Over-long inputs are a 413 unless `truncate` is set.
+`normalize`) or the bundle's default asks. OpenAI's `dimensions` keeps the first components and
+normalises again, as sentence-transformers' `truncate_dim` does. A request's `prompt_name`
+(or the bundle's default prompt) puts the bundle's prompt text before each input, as
+sentence-transformers' `encode(prompt_name=...)` does. Over-long inputs are a 413 unless
+`truncate` is set.
 """
 
 from __future__ import annotations
@@ -15,25 +19,73 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from runtime.batching import Row, RowResult
-from runtime.schemas import Request, Text
+from runtime.errors import InvalidInput
+from runtime.schemas import STRICT, WHOLE, Params, Request, Text
 from runtime.tasks.common import Task, TaskContext, row
 
 Texts = Text | Annotated[list[Text], Field(min_length=1)]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0), WHOLE]], Field(min_length=1)]
+PromptName = Annotated[
+    str | None,
+    Field(
+        description="a prompt the bundle declares (GET /models: prompts), put before each input; "
+        "default: the bundle's default prompt, if it has one"
+    ),
+]
 
 
 class EmbedRequest(Request):
     inputs: Texts
     normalize: bool = True
     truncate: bool = False
+    prompt_name: PromptName = None
 
 
 class OpenAIEmbeddingsRequest(Request):
-    input: Texts
+    input: Texts | TokenIds | Annotated[list[TokenIds], Field(min_length=1)] = Field(
+        description="a text, a list of texts, or token ids of the model's own tokenizer (one "
+        "list of ids, or a list of them): ids are put between the model's special tokens"
+    )
     model: str | None = Field(
         None, description="an embedding bundle's name; other names get the default model"
     )
     encoding_format: Literal["float", "base64"] = "float"
-    user: str | None = None
+    dimensions: Annotated[int, Field(ge=1), WHOLE] | None = Field(
+        None,
+        description="keep the first `dimensions` components, then normalise (Matryoshka-style "
+        "truncation); at most the model's hidden size",
+    )
+    user: str | None = Field(None, description="accepted and ignored")
+
+
+class SimilarityInputs(BaseModel):
+    model_config = STRICT
+    source_sentence: Text
+    sentences: Annotated[list[Text], Field(min_length=1)]
+
+
+class SimilarityParams(Params):
+    truncate: bool = False
+    prompt_name: PromptName = None
+
+
+class SimilarityRequest(Request):
+    inputs: SimilarityInputs
+    parameters: SimilarityParams = SimilarityParams()
+
+
+def prompted(ctx: TaskContext, name: str | None, text: str) -> str:
+    """`text` behind the bundle's prompt `name` (or its default prompt): a 422 naming the
+    bundle's prompts for a name it does not declare."""
+    spec = ctx.spec
+    name = name if name is not None else spec.default_prompt_name
+    if name is None:
+        return text
+    prompt = spec.prompts.get(name)
+    if prompt is None:
+        declared = sorted(spec.prompts) or "none"
+        raise InvalidInput(f"prompt_name {name!r}: model {spec.name} has prompts {declared}")
+    return prompt + text
 
 
 class EmbeddingItem(BaseModel):
@@ -76,7 +128,14 @@ class Embed(Task):
     def prepare(
         self, ctx: TaskContext, items: list[str], request: EmbedRequest
     ) -> tuple[list[Row], None]:
-        rows = [row(ctx.encode(ctx.check_text(t), truncate=request.truncate)) for t in items]
+        rows = [
+            row(
+                ctx.encode(
+                    prompted(ctx, request.prompt_name, ctx.check_text(t)), truncate=request.truncate
+                )
+            )
+            for t in items
+        ]
         return rows, None
 
     def finish(
@@ -102,12 +161,31 @@ class OpenAIEmbeddings(Task):
 
     def inputs(self, request: OpenAIEmbeddingsRequest) -> tuple[list[Any], bool]:
         items = request.input
-        return ([items] if isinstance(items, str) else list(items)), isinstance(items, str)
+        if isinstance(items, str):
+            return [items], True
+        if isinstance(items[0], int):  # one text's token ids
+            return [items], False
+        return list(items), False
+
+    def texts(self, items: list[Any]) -> list[str]:
+        return [t for t in items if isinstance(t, str)]
+
+    def check_cost(self, ctx: TaskContext, items: list[Any], request: Any, limits: Any) -> int:
+        wanted, width = request.dimensions, ctx.spec.architecture.hidden_size
+        if wanted is not None and wanted > width:
+            raise InvalidInput(
+                f"dimensions {wanted} is more than model {ctx.spec.name}'s {width} components"
+            )
+        return sum(len(t) for t in items)  # characters, or ids (about as costly to encode)
 
     def prepare(
-        self, ctx: TaskContext, items: list[str], request: OpenAIEmbeddingsRequest
+        self, ctx: TaskContext, items: list[Any], request: OpenAIEmbeddingsRequest
     ) -> tuple[list[Row], None]:
-        return [row(ctx.encode(ctx.check_text(t))) for t in items], None
+        rows = [
+            ctx.encode_ids(t) if isinstance(t, list) else row(ctx.encode(ctx.check_text(t)))
+            for t in items
+        ]
+        return rows, None
 
     def finish(
         self,
@@ -118,6 +196,10 @@ class OpenAIEmbeddings(Task):
     ) -> list[Any]:
         normalize = ctx.spec.pooling.normalize if ctx.spec.pooling else True
         vectors = embeddings(results, normalize)
+        if request.dimensions is not None:
+            vectors = [v[: request.dimensions] for v in vectors]
+            if normalize:
+                vectors = [v / max(float(np.linalg.norm(v)), 1e-12) for v in vectors]
         if request.encoding_format == "base64":  # little-endian float32, as OpenAI sends it
             return [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vectors]
         return [v.tolist() for v in vectors]
@@ -140,5 +222,46 @@ class OpenAIEmbeddings(Task):
         return request.model
 
 
+class Similarity(Task):
+    path = "/similarity"
+    capability = "embed"
+    reads = ("embeddings",)
+    request = SimilarityRequest
+    response = list[float]
+    summary = "Cosine similarity of a sentence to others (text-embeddings-inference's /similarity)"
+    example: ClassVar[dict[str, Any]] = {
+        "inputs": {"source_sentence": "A man is eating food.", "sentences": ["A man eats."]}
+    }
+
+    def inputs(self, request: SimilarityRequest) -> tuple[list[Any], bool]:
+        return [request.inputs.source_sentence, *request.inputs.sentences], False
+
+    def prepare(
+        self, ctx: TaskContext, items: list[str], request: SimilarityRequest
+    ) -> tuple[list[Row], None]:
+        params = request.parameters
+        rows = [
+            row(
+                ctx.encode(
+                    prompted(ctx, params.prompt_name, ctx.check_text(t)), truncate=params.truncate
+                )
+            )
+            for t in items
+        ]
+        return rows, None
+
+    def finish(
+        self, ctx: TaskContext, prepared: None, results: list[RowResult], request: Any
+    ) -> list[Any]:
+        source, *others = embeddings(results, normalize=True)
+        return [float(source @ other) for other in others]
+
+    def respond(
+        self, answers: list[Any], single: bool, request: Any, rows: list[Row], model: str
+    ) -> Any:
+        return answers
+
+
 EMBED = Embed()
 OPENAI_EMBEDDINGS = OpenAIEmbeddings()
+SIMILARITY = Similarity()

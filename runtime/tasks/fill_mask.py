@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from runtime.batching import Row, RowResult
 from runtime.errors import InvalidInput, TooLarge
-from runtime.schemas import Params, Request
+from runtime.schemas import Int, Params, Request
 from runtime.tasks.common import Task, TaskContext, checkpoint, row, softmax, top_k_indices
 
 MaskedText = Annotated[
@@ -19,7 +19,7 @@ MaskedText = Annotated[
 
 
 class FillMaskParams(Params):
-    top_k: int = Field(5, ge=1, le=100)
+    top_k: Int = Field(5, ge=1, le=100)
     targets: list[Annotated[str, Field(min_length=1, max_length=100)]] | None = Field(
         None, min_length=1, max_length=1000, description="words to choose among (at most 1,000)"
     )

@@ -18,7 +18,7 @@ from tokenizers import Encoding
 from runtime.batching import Row, RowResult
 from runtime.encoding import case_type_ids
 from runtime.errors import TooLarge
-from runtime.schemas import Params, Request, Text
+from runtime.schemas import Int, Params, Request, Text
 from runtime.tasks.common import Task, TaskContext, checkpoint, min_tokens, softmax, tokenize
 
 
@@ -31,7 +31,7 @@ class NerParams(Params):
     ignore_labels: list[Annotated[str, Field(max_length=64)]] = Field(
         default_factory=lambda: ["O"], max_length=64, description="labels (or types) to leave out"
     )
-    stride: int = Field(32, ge=0, description="overlap of windows over a long text, in tokens")
+    stride: Int = Field(32, ge=0, description="overlap of windows over a long text, in tokens")
 
 
 class NerRequest(Request):

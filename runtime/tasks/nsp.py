@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import Annotated, Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from runtime.batching import Row, RowResult
-from runtime.schemas import Params, Request, Text
+from runtime.schemas import STRICT, Params, Request, Text
 from runtime.tasks.common import Task, TaskContext, row, softmax
 
 
 class NspInput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     text: Text
     text_pair: Text
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from tokenizers import Encoding
 
 from runtime.batching import Row, RowResult
 from runtime.errors import InvalidInput, TooLarge
-from runtime.schemas import Params, Request, Text
+from runtime.schemas import STRICT, Int, Params, Request, Text
 from runtime.tasks.common import (
     Task,
     TaskContext,
@@ -31,19 +31,22 @@ from runtime.tasks.common import (
 
 
 class QaInput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     question: Text
     context: Text
 
 
 class QaParams(Params):
-    top_k: int = Field(1, ge=1, le=100)
-    doc_stride: int = Field(
-        128, ge=0, description="overlap of a long context's windows; at most half a window"
+    top_k: Int = Field(1, ge=1, le=100)
+    doc_stride: Int = Field(
+        128,
+        ge=0,
+        description="overlap of a long context's windows; capped at half the window (the "
+        "context's share of max_seq_len)",
     )
-    max_answer_len: int = Field(15, ge=1, le=512)
-    max_seq_len: int = Field(384, ge=16, le=512, description="capped at the model's length")
-    max_question_len: int = Field(64, ge=1)
+    max_answer_len: Int = Field(15, ge=1, le=512)
+    max_seq_len: Int = Field(384, ge=16, le=512, description="capped at the model's length")
+    max_question_len: Int = Field(64, ge=1)
     handle_impossible_answer: bool = False
 
 
@@ -253,10 +256,6 @@ class Qa(Task):
         self, ctx: TaskContext, items: list[QaInput], request: QaRequest, limits: Any
     ) -> int:
         p = request.parameters
-        if p.doc_stride >= p.max_seq_len:
-            raise InvalidInput(
-                f"doc_stride {p.doc_stride} must be below max_seq_len {p.max_seq_len}"
-            )
         max_len = min(p.max_seq_len, ctx.max_len)
         rows = limits.max_request_rows
         # Free lower bound: every word of a context is at least one token of its windows.

@@ -445,3 +445,18 @@ def test_int8_quantisation_leaves_the_root_log_level_as_it_found_it(tmp_path):
     finally:
         root.setLevel(before)
     assert (tmp_path / "b.onnx").stat().st_size > 0
+
+
+def test_prompts_come_from_the_sentence_transformers_config(tmp_path):
+    """E5-style prompts and the default prompt name travel from config_sentence_transformers.json
+    into bundle.json; a default that names no prompt stops the export."""
+    from export.graph import ExportError, read_prompts
+
+    assert read_prompts(tmp_path) == {"prompts": {}, "default_prompt_name": None}
+    config = tmp_path / "config_sentence_transformers.json"
+    prompts = {"query": "query: ", "passage": "passage: "}
+    config.write_text(json.dumps({"prompts": prompts, "default_prompt_name": "passage"}))
+    assert read_prompts(tmp_path) == {"prompts": prompts, "default_prompt_name": "passage"}
+    config.write_text(json.dumps({"prompts": prompts, "default_prompt_name": "title"}))
+    with pytest.raises(ExportError, match="default_prompt_name 'title'"):
+        read_prompts(tmp_path)

@@ -110,3 +110,21 @@ def test_ner_refuses_from_a_text_start_only_what_the_whole_text_would_need(bundl
                 assert fits, (unit, repeat)
             except TooLarge:
                 assert not fits, (unit, repeat)
+
+
+def test_a_prompt_goes_before_the_text_and_the_default_applies_unasked():
+    from types import SimpleNamespace
+
+    from runtime.errors import InvalidInput
+    from runtime.tasks.embed import prompted
+
+    spec = SimpleNamespace(
+        name="e5", prompts={"query": "query: ", "passage": "passage: "}, default_prompt_name=None
+    )
+    ctx = SimpleNamespace(spec=spec)
+    assert prompted(ctx, None, "rivers") == "rivers"
+    assert prompted(ctx, "query", "rivers") == "query: rivers"
+    spec.default_prompt_name = "passage"
+    assert prompted(ctx, None, "rivers") == "passage: rivers"
+    with pytest.raises(InvalidInput, match=r"has prompts \['passage', 'query'\]"):
+        prompted(ctx, "title", "rivers")

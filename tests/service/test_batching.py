@@ -126,6 +126,33 @@ def test_admission_refuses_past_the_queued_work_the_model_can_clear_in_time():
     assert all(isinstance(e, Overloaded) for e in refused)
 
 
+def test_client_batches_queue_behind_interactive_rows_within_their_own_bound():
+    """A client batch (bulk) is admitted past the interactive work bound, up to its own row
+    bound; a request of one input sent after it is answered before the batch's queued rows."""
+
+    async def run():
+        settings = Settings(
+            max_batch_rows=1, max_queue_rows=1000, max_queue_wait_ms=100, max_bulk_queue_rows=64
+        )
+        batcher = Batcher("m", SlowBackend(0.02), settings, Metrics(), {"logits": "row"}, 0, None)
+        batcher.start()
+        row = Row(np.full(4, 5, np.int64), np.zeros(4, np.int64))
+        await asyncio.gather(*(batcher.submit([row]) for _ in range(5)))  # rate measured
+        bulk = batcher.enqueue([row] * 40, bulk=True)  # ~0.8 s of work: over 100 ms
+        interactive = batcher.enqueue([row])[0]
+        assert batcher.refusal() is None  # the interactive lane is empty
+        refused = batcher.refusal(40, bulk=True)
+        await interactive
+        bulk_done_then = sum(f.done() for f in bulk)
+        await asyncio.gather(*bulk)
+        await batcher.stop()
+        return refused, bulk_done_then
+
+    refused, bulk_done_then = asyncio.run(run())
+    assert refused == "model m has 64 client-batch sequences queued (the limit)"
+    assert bulk_done_then <= 2  # the single went after at most the call already running
+
+
 def measured(fixed_s: float, per_token_s: float, around_s: float) -> CallCost:
     """A CallCost that has seen calls of 100-1,600 tokens taking fixed + per_token x tokens."""
     cost = CallCost()

@@ -358,10 +358,11 @@ def test_what_start_up_made_is_out_of_the_collectors_sight_once_ready(bundle_dir
         ("/qa", {"inputs": {"question": "who ?", "context": ""}}, 422, "inputs.context: is empty"),
         (
             "/qa",
-            {"inputs": {"question": "who", "context": "x"}, "parameters": {"doc_stride": 400}},
+            {"inputs": {"question": "who", "context": "x"}, "parameters": {"doc_stride": 1.5}},
             422,
-            "doc_stride 400 must be below max_seq_len 384",
+            "parameters.doc_stride: Input should be a valid integer",
         ),
+        ("/embed", {"inputs": "x", "truncate": "true"}, 422, "truncate: Input should be a valid"),
         ("/nsp", {"inputs": {"text": "a"}}, 422, "inputs.text_pair: Field required"),
         ("/ner", {"inputs": "x" * 200_001}, 413, "the limit is 100,000"),
         ("/classify?model=nope", {"inputs": "x"}, 404, "no model 'nope' serves classify"),

@@ -17,9 +17,11 @@ from tests.helpers.server import live_server
 
 pytestmark = pytest.mark.slow
 # The promises: no 5xx, only documented statuses and content types, bodies that match the
-# schema, 405 with Allow for other methods. (Not "every schema-valid request is accepted": a
-# well-formed request can still be refused for its content, e.g. more tokens than the model
-# takes, with a documented 4xx.)
+# schema, 405 with Allow for other methods, and every body the schema forbids refused (strict
+# types: no "true" for a boolean). Not "every schema-valid request is accepted": a request can
+# still be refused for what depends on the loaded model, which a static schema cannot state
+# (more tokens than the model takes, a token id past its vocabulary, a prompt it does not
+# declare), with a documented 4xx that says so.
 CHECKS = [
     checks.not_a_server_error,
     checks.status_code_conformance,
@@ -27,6 +29,7 @@ CHECKS = [
     checks.response_schema_conformance,
     checks.response_headers_conformance,
     checks.unsupported_method,
+    checks.negative_data_rejection,
 ]
 
 # The schema comes from the app itself (no server needed to build it).
