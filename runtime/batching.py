@@ -5,13 +5,15 @@ A request enqueues its sequences (`Row`s: a client batch, or a long text's windo
 them. Two kinds share one queue: interactive requests (one input) are admitted while the queue
 holds at most `max_queue_wait_ms` of their work and go first into every batch; client batches
 (more than one input: an indexer's traffic) queue behind them up to `max_bulk_queue_rows`
-instead of being refused at that bound. When the model is free, the batching loop takes what is queued: batches form while the
-model is busy, so a lone request never waits for company and a loaded server runs full batches.
+instead of being refused at that bound.
+
+When the model is free, the batching loop takes what is queued: batches form while the model
+is busy, so a lone request never waits for company and a loaded server runs full batches.
 With `max_wait_ms` > 0 it also waits, up to that long after the oldest row arrived, for a batch
 to fill (row cap or token budget). It drops rows whose request was cancelled (client gone),
 whose deadline passed (504), or whose first call would end past `max_queue_time_ms` (429 with
-Retry-After: admission's estimate of the wait was outrun), and picks the oldest row plus the
-rows closest to it in length, so padding stays small. It stops adding rows where the padding
+Retry-After: admission's estimate of the wait was outrun), and picks the oldest interactive
+row (else the oldest) plus the rows closest to it in length, so padding stays small. It stops adding rows where the padding
 they bring costs more model time than another call would (`CallCost`, measured as it serves):
 a client batch of sentences of every length runs as a few calls of similar lengths, not one
 call padded to its longest. The model runs on a single worker thread; ONNX Runtime's own
