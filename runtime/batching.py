@@ -12,12 +12,13 @@ is busy, so a lone request never waits for company and a loaded server runs full
 With `max_wait_ms` > 0 it also waits, up to that long after the oldest row arrived, for a batch
 to fill (row cap or token budget). It drops rows whose request was cancelled (client gone),
 whose deadline passed (504), or whose first call would end past `max_queue_time_ms` (429 with
-Retry-After: admission's estimate of the wait was outrun), and picks the oldest interactive
-row (else the oldest) plus the rows closest to it in length, so padding stays small. It stops adding rows where the padding
-they bring costs more model time than another call would (`CallCost`, measured as it serves):
-a client batch of sentences of every length runs as a few calls of similar lengths, not one
-call padded to its longest. The model runs on a single worker thread; ONNX Runtime's own
-threads use the cores. A failed call fails the rows of that batch only; if the loop itself
+Retry-After: admission's estimate of the wait was outrun), and picks the oldest interactive row
+(else the oldest) plus the rows closest to it in length, so padding stays small. It stops adding
+rows where the padding they bring costs more model time than another call would (`CallCost`,
+measured as it serves): a client batch of sentences of every length runs as a few calls of
+similar lengths, not one call padded to its longest. The model runs on a single worker thread;
+ONNX Runtime's own threads use the cores. A failed call fails the rows of that batch only; if
+the loop itself
 dies it is restarted and readiness is false until it is.
 """
 
