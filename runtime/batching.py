@@ -18,8 +18,7 @@ rows where the padding they bring costs more model time than another call would 
 measured as it serves): a client batch of sentences of every length runs as a few calls of
 similar lengths, not one call padded to its longest. The model runs on a single worker thread;
 ONNX Runtime's own threads use the cores. A failed call fails the rows of that batch only; if
-the loop itself
-dies it is restarted and readiness is false until it is.
+the loop itself dies it is restarted and readiness is false until it is.
 """
 
 from __future__ import annotations
