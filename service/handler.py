@@ -63,9 +63,12 @@ async def _handle(
     settings = state.settings
     if not items:
         raise InvalidInput("inputs is an empty list")
-    if len(items) > settings.max_client_batch:
+    most = getattr(settings, task.batch_limit)
+    if len(items) > most:
+        what = "documents" if task.batch_limit == "max_rerank_documents" else "inputs"
         raise TooLarge(
-            f"{len(items)} inputs in one request; the limit is {settings.max_client_batch}"
+            f"{len(items)} {what} in one request; the limit is {most} "
+            f"(BERTSERVE_{task.batch_limit.upper()})"
         )
     cost = task.check_cost(model.ctx, items, request, settings)
     if cost <= settings.inline_cost:
@@ -97,14 +100,20 @@ async def _run(
         rows, prepared = task.prepare(model.ctx, items, request)
     t1 = time.perf_counter()
     checkpoint()
-    limit = min(settings.max_request_rows, settings.max_queue_rows)  # more could never be admitted
+    bulk = len(items) > 1
+    # More could never be admitted: a client batch's rows queue in the bulk lane.
+    queue = settings.max_bulk_queue_rows if bulk else settings.max_queue_rows
+    own = (
+        settings.max_rerank_documents if task.capability == "rerank" else settings.max_request_rows
+    )
+    limit = min(own, queue)
     if len(rows) > limit:  # a 100,000-token text: refused before it is queued or computed
         raise TooLarge(
             f"the input needs {len(rows)} sequences of up to {model.ctx.max_len} tokens; one "
             f"request may use {limit}. Send a shorter text or fewer inputs"
         )
     stats.update(model=model.name, rows=len(rows), tokens=sum(len(r) for r in rows))
-    results = await submit(model, rows, disconnected, bulk=len(items) > 1)
+    results = await submit(model, rows, disconnected, bulk=bulk)
     t2 = time.perf_counter()
     checkpoint()
     if off_loop:

@@ -167,6 +167,9 @@ class Settings(BaseSettings):
     )
     request_timeout_s: float = Field(30.0, gt=0, description="queue deadline; past it 504")
     max_client_batch: int = Field(32, ge=1, description="inputs in one request")
+    max_rerank_documents: int = Field(
+        256, ge=1, description="documents one rerank request may rank (a row each)"
+    )
     root_task: str = Field(
         "/embed",
         description="the task POST / answers (text-embeddings-inference's and Hugging Face "

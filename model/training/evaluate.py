@@ -12,6 +12,8 @@ that serves requests), on ONNX Runtime, without HTTP: what is measured is what i
 | nsp      | wikipedia text/            | NSP accuracy on pairs from held-out documents       |
 | mlm      | wikipedia text/            | top-1 accuracy of /fill-mask on masked whole words  |
 | embed    | sst2/ (dev.tsv sentences)  | cosine with sentence-transformers' encode          |
+| rerank   | squad-v1.1/ (dev)          | top-1 and MRR@10 of the gold paragraph among 20 of  |
+|          |                            | its article (an embed bundle ranks by cosine)       |
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from runtime.batching import Row, RowResult, pad_rows, slice_outputs
 from runtime.bundle import load_bundle_spec
 from runtime.engine import Engine, EngineOptions
 from runtime.errors import ServiceError
-from runtime.tasks import classify, embed, fill_mask, ner, nsp, qa
+from runtime.tasks import classify, embed, fill_mask, ner, nsp, qa, rerank
 from runtime.tasks.common import Task, TaskContext
 
 
@@ -239,6 +241,49 @@ def evaluate_embed(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
     }
 
 
+def evaluate_rerank(
+    runner: BundleRunner, data_dir: Path, questions: int = 300, count: int = 20
+) -> dict[str, Any]:
+    """Held-out SQuAD v1.1 dev questions (never trained on), drawn with a fixed seed: the gold
+    paragraph among up to `count` paragraphs of its article, ranked through the service's
+    /rerank code; an embedding bundle ranks them by the cosine of their /embed vectors (the
+    retrieval baseline a reranker should beat)."""
+    import numpy as np
+
+    from model.training.rerank import candidates, read_articles
+
+    articles, pool = read_articles(data_dir / "dev-v1.1.json")
+    rng = np.random.default_rng(0)
+    picked = [pool[i] for i in rng.permutation(len(pool))[:questions]]
+    by_reranker = "rerank" in runner.spec.tasks
+    top1, reciprocal = 0, 0.0
+    for q in tqdm(picked, desc="rerank", leave=False):
+        docs = [articles[q.article][i] for i in candidates(q, articles, count, rng)]
+        if by_reranker:
+            request = rerank.RerankRequest(query=q.text, texts=docs, truncate=True)
+            ranked = run_task(runner, rerank.RERANK, docs, request)
+            order = [r["index"] for r in ranked]
+        else:
+            texts = [q.text, *docs]
+            vectors = np.asarray(
+                run_task(
+                    runner, embed.EMBED, texts, embed.EmbedRequest(inputs=texts, truncate=True)
+                )
+            )
+            order = np.argsort(-(vectors[1:] @ vectors[0]), kind="stable").tolist()
+        rank = order.index(0) + 1  # the gold paragraph is candidate 0
+        top1 += rank == 1
+        reciprocal += 1.0 / rank if rank <= 10 else 0.0
+    return {
+        "top1": round(100.0 * top1 / len(picked), 2),
+        "mrr10": round(reciprocal / len(picked), 4),
+        "questions": len(picked),
+        "candidates": count,
+        "ranked_by": "cross-encoder (/rerank)" if by_reranker else "embedding cosine (/embed)",
+        "data": "SQuAD v1.1 dev: the gold paragraph among up to 20 of its article",
+    }
+
+
 EVALUATORS = {
     "classify": evaluate_classify,
     "ner": evaluate_ner,
@@ -246,6 +291,7 @@ EVALUATORS = {
     "nsp": evaluate_nsp,
     "mlm": evaluate_mlm,
     "embed": evaluate_embed,
+    "rerank": evaluate_rerank,
 }
 
 
@@ -253,8 +299,8 @@ def evaluate(task: str, bundle: Path, data_dir: Path) -> dict[str, Any]:
     if task not in EVALUATORS:
         raise ValueError(f"unknown task {task!r}; tasks: {', '.join(EVALUATORS)}")
     runner = BundleRunner(bundle)
-    needed = "fill-mask" if task == "mlm" else task
-    if needed not in runner.spec.tasks:
+    needed = {"mlm": ["fill-mask"], "rerank": ["rerank", "embed"]}.get(task, [task])
+    if not set(needed) & set(runner.spec.tasks):
         raise ValueError(f"bundle {bundle} serves {runner.spec.tasks}, not {needed}")
     return EVALUATORS[task](runner, data_dir)
 

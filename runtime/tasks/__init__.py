@@ -7,7 +7,7 @@ handler and evaluation are generated from or driven by this table; nothing else 
 
 from __future__ import annotations
 
-from runtime.tasks import classify, embed, fill_mask, ner, nsp, qa
+from runtime.tasks import classify, embed, fill_mask, ner, nsp, qa, rerank
 from runtime.tasks.common import Task
 
 TASKS: dict[str, Task] = {
@@ -21,6 +21,9 @@ TASKS: dict[str, Task] = {
         embed.EMBED,
         embed.OPENAI_EMBEDDINGS,
         embed.SIMILARITY,
+        rerank.RERANK,
+        rerank.COHERE_RERANK,
+        rerank.COHERE_RERANK_V2,
     )
 }
 # The bundle tasks (bundle.json "tasks") some endpoint serves, and the outputs each reads.

@@ -36,6 +36,9 @@ class Task:
     # A model named in the body (OpenAI's "model") that serves nothing here falls back to the
     # default instead of a 404: clients send their provider's model names.
     lenient_model_name: ClassVar[bool] = False
+    # The setting that bounds a request's items (inputs, or a rerank's documents); each item is
+    # a row, so it also bounds the request's rows where windows do not multiply them.
+    batch_limit: ClassVar[str] = "max_client_batch"
 
     def model_name(self, request: Any) -> str | None:
         """A model the body asks for (`?model=` wins over it)."""
@@ -215,7 +218,8 @@ class TaskContext:
     def too_long(self, tokens: int, qualifier: str = "") -> TooLarge:
         return TooLarge(
             f"input is {qualifier}{tokens} tokens; the model takes {self.max_len}. "
-            'Shorten it or send "parameters": {"truncation": true}'
+            'Shorten it or ask for truncation ("parameters": {"truncation": true}; '
+            '"truncate": true on /embed, /similarity and /rerank)'
         )
 
 

