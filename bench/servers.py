@@ -22,6 +22,7 @@ PEERS = {
     "fastapi-ort": "bench.peers.ort_plain",
     "litserve": "bench.peers.litserve_peer",
     "ray-serve": "bench.peers.ray_peer",
+    "cross-encoder": "bench.peers.cross_encoder",  # the rerank peer (bench.rerank)
 }
 OURS = "bertserve"
 # Servers a bench runs beside bertserve that are not peers (they serve no model).
