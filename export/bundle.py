@@ -114,7 +114,10 @@ def variant_accuracy(
         "top1_agreement": sum(r["top1_agreement"] * r["compared"] for r in per_batch) / compared,
         "min_agreement": MIN_AGREEMENT[precision],
     }
-    if labels is not None and "logits" in ref_out and ref_out["logits"][0].ndim == 2:
+    # A one-output head (a reranker's relevance logit) has no label to be right about: its
+    # variant is measured by ranking (`evaluate --task rerank`), beside max_abs_diff here.
+    logits = ref_out.get("logits")
+    if labels is not None and logits is not None and logits[0].ndim == 2 and logits[0].shape[1] > 1:
         import numpy as np
 
         gold = np.asarray(labels)
