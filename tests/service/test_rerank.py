@@ -116,3 +116,41 @@ def test_a_classifier_with_several_labels_is_no_reranker(tmp_path):
     checkpoint = hf_checkpoint(tmp_path / "sentiment", "BertForSequenceClassification")
     with pytest.raises(ValueError, match="needs a cross-encoder .* has 3 labels"):
         build_bundle(checkpoint, ["rerank"], tmp_path / "bundle")
+
+
+def test_bad_input_names_the_field(server):
+    with server.client() as c:
+        no_query = c.post("/rerank", json={"query": " ", "texts": DOCS})
+        no_docs = c.post("/v1/rerank", json={"query": QUERY, "documents": []})
+        bad_top = c.post("/v1/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 0})
+        bad_type = c.post("/v1/rerank", json={"query": QUERY, "documents": DOCS, "top_n": "2"})
+    assert [r.status_code for r in (no_query, no_docs, bad_top, bad_type)] == [422] * 4
+    assert "query" in no_query.json()["error"]
+    assert "documents" in no_docs.json()["error"]
+    assert "top_n" in bad_top.json()["error"] and "top_n" in bad_type.json()["error"]
+
+
+def test_requests_share_model_calls(server):
+    """Concurrent rerank requests' pairs run in shared batches: fewer model calls than
+    requests."""
+    import asyncio
+
+    import httpx
+
+    def calls() -> float:
+        with server.client() as c:
+            text = c.get("/metrics").text
+        prefix = 'bertserve_batch_rows_count{model="tiny-reranker"}'
+        return float(next(ln for ln in text.splitlines() if ln.startswith(prefix)).split()[-1])
+
+    before = calls()
+
+    async def concurrent():
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+            body = {"query": QUERY, "texts": DOCS[:2]}
+            return await asyncio.gather(*(c.post("/rerank", json=body) for _ in range(16)))
+
+    responses = asyncio.run(concurrent())
+    assert all(r.status_code == 200 for r in responses)
+    assert len({r.text for r in responses}) == 1  # batched with others, the same answer
+    assert calls() - before < 16
