@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import inspect
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import orjson
@@ -47,14 +48,15 @@ def state_of(request: Request) -> ServiceState:
     return request.app.state.service
 
 
-def task_route(task: Task):
+def task_route(task: Task, body_type: Any = None, pick: Callable[[Any], Task] | None = None):
     """A FastAPI endpoint for `task`: its body schema and response model come from the task, so
-    the OpenAPI schema documents every task; the work is `handle`'s."""
+    the OpenAPI schema documents every task; the work is `handle`'s. `body_type` and `pick`:
+    an endpoint that takes several tasks' bodies and answers the one `pick(body)` names."""
 
     async def endpoint(request: Request, body: Any, model: Any = None) -> Response:
         answer = await handle(
             state_of(request),
-            task,
+            pick(body) if pick is not None else task,
             body,
             model,
             request.scope["state"],
@@ -69,7 +71,9 @@ def task_route(task: Task):
                 "request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request
             ),
             inspect.Parameter(
-                "body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=task.request
+                "body",
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                annotation=body_type or task.request,
             ),
             inspect.Parameter(
                 "model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=ModelName
@@ -86,36 +90,16 @@ def root_route(settings: Settings) -> APIRouter:
     Hugging Face's InferenceClient posts to one."""
     root, similarity = TASKS[settings.root_task], TASKS["/similarity"]
     body_type: Any = root.request if root is similarity else root.request | similarity.request
-
-    async def root_endpoint(request: Request, body: Any, model: Any = None) -> Response:
-        task = similarity if isinstance(body, similarity.request) else root
-        answer = await handle(
-            state_of(request),
-            task,
-            body,
-            model,
-            request.scope["state"],
-            disconnect_watch(request.scope, request.receive),
-        )
-        return Response(answer, media_type="application/json")
-
-    root_endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [
-            inspect.Parameter(
-                "request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request
-            ),
-            inspect.Parameter(
-                "body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=body_type
-            ),
-            inspect.Parameter(
-                "model", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=ModelName
-            ),
-        ]
+    endpoint = task_route(
+        root,
+        body_type,
+        lambda body: similarity if isinstance(body, similarity.request) else root,
     )
+    endpoint.__name__ = "root"
     router = APIRouter(responses=ERROR_RESPONSES)
     router.add_api_route(
         ROOT,
-        root_endpoint,
+        endpoint,
         methods=["POST"],
         response_model=root.response if root is similarity else root.response | list[float],
         summary=f"The root task ({settings.root_task}), or /similarity for similarity inputs",
