@@ -116,6 +116,16 @@ def embeddings(results: list[RowResult], normalize: bool) -> list[np.ndarray]:
     return out
 
 
+def text_rows(
+    ctx: TaskContext, texts: list[str], prompt_name: str | None, truncate: bool
+) -> list[Row]:
+    """A row a text, behind its prompt (`prompted`)."""
+    return [
+        row(ctx.encode(prompted(ctx, prompt_name, ctx.check_text(t)), truncate=truncate))
+        for t in texts
+    ]
+
+
 class Embed(Task):
     path = "/embed"
     capability = "embed"
@@ -128,15 +138,7 @@ class Embed(Task):
     def prepare(
         self, ctx: TaskContext, items: list[str], request: EmbedRequest
     ) -> tuple[list[Row], None]:
-        rows = [
-            row(
-                ctx.encode(
-                    prompted(ctx, request.prompt_name, ctx.check_text(t)), truncate=request.truncate
-                )
-            )
-            for t in items
-        ]
-        return rows, None
+        return text_rows(ctx, items, request.prompt_name, request.truncate), None
 
     def finish(
         self, ctx: TaskContext, prepared: None, results: list[RowResult], request: EmbedRequest
@@ -240,15 +242,7 @@ class Similarity(Task):
         self, ctx: TaskContext, items: list[str], request: SimilarityRequest
     ) -> tuple[list[Row], None]:
         params = request.parameters
-        rows = [
-            row(
-                ctx.encode(
-                    prompted(ctx, params.prompt_name, ctx.check_text(t)), truncate=params.truncate
-                )
-            )
-            for t in items
-        ]
-        return rows, None
+        return text_rows(ctx, items, params.prompt_name, params.truncate), None
 
     def finish(
         self, ctx: TaskContext, prepared: None, results: list[RowResult], request: Any
