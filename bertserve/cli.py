@@ -49,6 +49,12 @@ COMMANDS: dict[str, Command] = {
         "a student's start: a teacher's first layers, narrowed",
         "train",
     ),
+    "rerank": Command(
+        "model.training.__main__",
+        ("rerank",),
+        "train a cross-encoder reranker on SQuAD (resumable)",
+        "train",
+    ),
     "soup": Command(
         "model.training.__main__",
         ("soup",),

@@ -24,6 +24,7 @@ SUBCOMMANDS = (
     "finetune",
     "distil",
     "shrink",
+    "rerank",
     "soup",
     "evaluate",
     "bench",
