@@ -17,12 +17,14 @@ import json
 import os
 import platform
 import random
+import time
 from pathlib import Path
 
 from bench.loadgen import closed_loop
 from bench.servers import OURS, only_bundles, serve
 
 PEER = "cross-encoder"
+SETTLE_S = 15  # longer than the peer takes for the requests a run leaves behind
 
 
 def write_bodies(squad: Path, out: Path, count: int = 200, documents: int = 20) -> Path:
@@ -70,8 +72,11 @@ def main() -> None:
                 ready_path="/rerank",
             ) as server:
                 url = f"{server.base}/rerank"
-                closed_loop(url, bodies, max(levels), 3)  # warm
+                # Warm with one connection, and let each level's leftovers finish before the next:
+                # the peer's thread pool keeps computing requests whose client has gone.
+                closed_loop(url, bodies, 1, 3)
                 for level in levels:
+                    time.sleep(SETTLE_S)
                     load = closed_loop(url, bodies, level, args.seconds)
                     runs[name].setdefault(level, []).append(load.to_dict())
                     print(
