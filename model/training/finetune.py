@@ -29,7 +29,13 @@ from model.heads import BertPreTrainedModel
 from model.sources import resolve_init, write_provenance
 from model.tokenizer import BertTokenizer
 from model.training.data import tasks as data
-from model.training.loop import MetricsLog, build_optimizer, plot_curves, warmup_linear_decay
+from model.training.loop import (
+    MetricsLog,
+    build_optimizer,
+    optimizer_step,
+    plot_curves,
+    warmup_linear_decay,
+)
 from model.training.metrics import accuracy, entity_f1
 from model.training.recipe import check_keys, read_recipe
 from runtime.encoding import CASE_OR_UNKNOWN, CASE_UNKNOWN, case_type_vocab
@@ -297,11 +303,7 @@ def fit(
     while step < total and stale < recipe.patience:
         for rows in length_bucketed(train, rows_all, recipe.batch_size, recipe.length_buckets, rng):
             loss, parts = loss_of(rows, step / total)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer_step(model, loss, optimizer, scheduler, recipe.clip)
             step += 1
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")

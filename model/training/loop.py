@@ -95,6 +95,22 @@ def warmup_linear_decay(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def optimizer_step(
+    model: nn.Module,
+    loss: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    clip: float,
+) -> None:
+    """One update of the fine-tuning-like loops: backward, clip the gradient norm, step the
+    optimizer and the schedule, clear the gradients."""
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def unwrap(model: nn.Module) -> BertPreTrainedModel:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model  # type: ignore[return-value]
 

@@ -38,6 +38,7 @@ from model.training.loop import (
     MetricsLog,
     build_optimizer,
     load_training_state,
+    optimizer_step,
     plot_curves,
     save_training_state,
     warmup_linear_decay,
@@ -226,11 +227,7 @@ def train_rerank(
             losses.append(F.cross_entropy(s[at : at + n][None], torch.zeros(1, dtype=torch.long)))
             at += n
         loss = torch.stack(losses).mean()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(model, loss, optimizer, scheduler, recipe.clip)
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
