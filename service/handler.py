@@ -65,9 +65,8 @@ async def _handle(
         raise InvalidInput("inputs is an empty list")
     most = getattr(settings, task.batch_limit)
     if len(items) > most:
-        what = "documents" if task.batch_limit == "max_rerank_documents" else "inputs"
         raise TooLarge(
-            f"{len(items)} {what} in one request; the limit is {most} "
+            f"{len(items)} {task.items_name} in one request; the limit is {most} "
             f"(BERTSERVE_{task.batch_limit.upper()})"
         )
     cost = task.check_cost(model.ctx, items, request, settings)
@@ -103,10 +102,7 @@ async def _run(
     bulk = len(items) > 1
     # More could never be admitted: a client batch's rows queue in the bulk lane.
     queue = settings.max_bulk_queue_rows if bulk else settings.max_queue_rows
-    own = (
-        settings.max_rerank_documents if task.capability == "rerank" else settings.max_request_rows
-    )
-    limit = min(own, queue)
+    limit = min(getattr(settings, task.rows_limit), queue)
     if len(rows) > limit:  # a 100,000-token text: refused before it is queued or computed
         raise TooLarge(
             f"the input needs {len(rows)} sequences of up to {model.ctx.max_len} tokens; one "

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ from model.training.loop import (
     warmup_linear_decay,
 )
 from model.training.metrics import accuracy, entity_f1
-from model.training.recipe import check_keys, read_recipe
+from model.training.recipe import FlatRecipe
 from runtime.encoding import CASE_OR_UNKNOWN, CASE_UNKNOWN, case_type_vocab
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ HEAD = {
 
 
 @dataclass(frozen=True)
-class FinetuneRecipe:
+class FinetuneRecipe(FlatRecipe):
     name: str
     task: str
     description: str = ""
@@ -78,12 +78,6 @@ class FinetuneRecipe:
     # written in lower case reaches /ner: scheme 1 all "no capital", scheme 2 all "unknown"),
     # drawn once with the seed, so the tagger does not depend on capitals it may not be given
     case_dropout: float = 0.0
-
-    @classmethod
-    def load(cls, name_or_path: str | Path) -> Self:
-        name, values = read_recipe(name_or_path)
-        check_keys(cls, values, f"recipe {name!r}")
-        return cls(**{"name": name, **values})
 
 
 # --- features -----------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
@@ -109,6 +109,17 @@ def read_recipe(name_or_path: str | Path) -> tuple[str, dict[str, Any]]:
         raise ValueError(f"no recipe {name_or_path!r} (known: {known}, or a path to a .toml)")
     with open(path, "rb") as f:
         return path.stem, tomllib.load(f)
+
+
+class FlatRecipe:
+    """A recipe dataclass whose TOML file holds its fields as they are (fine-tuning,
+    distillation, reranking): `load` reads one by name or path, refusing unknown keys."""
+
+    @classmethod
+    def load(cls, name_or_path: str | Path) -> Self:
+        name, values = read_recipe(name_or_path)
+        check_keys(cls, values, f"recipe {name!r}")
+        return cls(**{"name": name, **values})
 
 
 def check_keys(kind: type, values: dict[str, Any], where: str) -> None:

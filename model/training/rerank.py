@@ -24,7 +24,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
 
 import numpy as np
 import torch
@@ -43,14 +42,14 @@ from model.training.loop import (
     save_training_state,
     warmup_linear_decay,
 )
-from model.training.recipe import check_keys, read_recipe
+from model.training.recipe import FlatRecipe
 
 log = logging.getLogger(__name__)
 HEAD = "BertForSequenceClassification"
 
 
 @dataclass(frozen=True)
-class RerankRecipe:
+class RerankRecipe(FlatRecipe):
     name: str
     description: str = ""
     max_seq_len: int = 192  # question + paragraph, cut longest first (the paragraph gives way)
@@ -69,12 +68,6 @@ class RerankRecipe:
     candidates: int = 10  # paragraphs an evaluation question is ranked among, gold included
     seed: int = 1234
     threads: int = 0
-
-    @classmethod
-    def load(cls, name_or_path: str | Path) -> Self:
-        name, values = read_recipe(name_or_path)
-        check_keys(cls, values, f"recipe {name!r}")
-        return cls(**{"name": name, **values})
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,11 @@ class Task:
     # A model named in the body (OpenAI's "model") that serves nothing here falls back to the
     # default instead of a 404: clients send their provider's model names.
     lenient_model_name: ClassVar[bool] = False
-    # The setting that bounds a request's items (inputs, or a rerank's documents); each item is
-    # a row, so it also bounds the request's rows where windows do not multiply them.
+    # The settings that bound a request's items and the rows they become (long texts' windows
+    # multiply rows; a rerank's documents are a row each), and what its items are called.
     batch_limit: ClassVar[str] = "max_client_batch"
+    rows_limit: ClassVar[str] = "max_request_rows"
+    items_name: ClassVar[str] = "inputs"
 
     def model_name(self, request: Any) -> str | None:
         """A model the body asks for (`?model=` wins over it)."""
@@ -296,6 +298,12 @@ def windows_needed(tokens: int, window: int, advance: int) -> int:
     if tokens <= window:
         return 1
     return 1 + -(-(tokens - window) // max(1, advance))
+
+
+def usage(rows: list[Row]) -> dict[str, int]:
+    """OpenAI's, Cohere's and Jina's token count of a request: every row's tokens."""
+    tokens = sum(len(r) for r in rows)
+    return {"prompt_tokens": tokens, "total_tokens": tokens}
 
 
 def row(enc: Encoding, mask_positions: np.ndarray | None = None) -> Row:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 from runtime.batching import Row, RowResult
 from runtime.errors import InvalidInput
 from runtime.schemas import STRICT, WHOLE, Params, Request, Text
-from runtime.tasks.common import Task, TaskContext, row
+from runtime.tasks.common import Task, TaskContext, row, usage
 
 Texts = Text | Annotated[list[Text], Field(min_length=1)]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0), WHOLE]], Field(min_length=1)]
@@ -209,7 +209,6 @@ class OpenAIEmbeddings(Task):
     def respond(
         self, answers: list[Any], single: bool, request: Any, rows: list[Row], model: str
     ) -> Any:
-        tokens = sum(len(r) for r in rows)
         return {
             "object": "list",
             "data": [
@@ -217,7 +216,7 @@ class OpenAIEmbeddings(Task):
                 for i, vector in enumerate(answers)
             ],
             "model": model,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            "usage": usage(rows),
         }
 
     def model_name(self, request: OpenAIEmbeddingsRequest) -> str | None:

@@ -12,6 +12,7 @@ Cohere schema always truncates), else it is a 413.
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
@@ -19,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from runtime.batching import Row, RowResult
 from runtime.schemas import STRICT, WHOLE, Request, Text
-from runtime.tasks.common import Task, TaskContext, row, sigmoid
+from runtime.tasks.common import Task, TaskContext, row, sigmoid, usage
 
 Documents = Annotated[list[Text], Field(min_length=1)]
 
@@ -106,7 +107,8 @@ class Rerank(Task):
         "query": "What is the capital of France?",
         "texts": ["Paris is the capital of France.", "Berlin is in Germany."],
     }
-    batch_limit = "max_rerank_documents"
+    batch_limit = rows_limit = "max_rerank_documents"
+    items_name = "documents"
 
     def inputs(self, request: RerankRequest) -> tuple[list[Any], bool]:
         return list(request.texts), False
@@ -149,7 +151,8 @@ class CohereRerank(Task):
         "top_n": 1,
     }
     lenient_model_name = True
-    batch_limit = "max_rerank_documents"
+    batch_limit = rows_limit = "max_rerank_documents"
+    items_name = "documents"
 
     def inputs(self, request: CohereRerankRequest) -> tuple[list[Any], bool]:
         return [d if isinstance(d, str) else d.text for d in request.documents], False
@@ -180,15 +183,7 @@ class CohereRerank(Task):
     def respond(
         self, answers: list[Any], single: bool, request: Any, rows: list[Row], model: str
     ) -> Any:
-        import uuid
-
-        tokens = sum(len(r) for r in rows)
-        return {
-            "id": uuid.uuid4().hex,
-            "results": answers,
-            "model": model,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
+        return {"id": uuid.uuid4().hex, "results": answers, "model": model, "usage": usage(rows)}
 
     def model_name(self, request: CohereRerankRequest) -> str | None:
         return request.model
