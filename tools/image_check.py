@@ -60,11 +60,28 @@ def wait_ready(url: str, timeout: float = 120) -> float:
     raise CheckFailed(f"{url}/health/ready never answered 200 in {timeout:.0f} s")
 
 
+def shipped_tasks() -> set[str]:
+    """The bundle tasks of the bundles the image carries (the checkout's bundles/)."""
+    bundles = Path(__file__).resolve().parents[1] / "bundles"
+    return {t for b in bundles.glob("*/bundle.json") for t in json.loads(b.read_text())["tasks"]}
+
+
 def every_endpoint(url: str) -> None:
+    """Every endpoint of a task some shipped bundle serves answers its example with 200; every
+    other endpoint answers 404 naming the missing task, not 500."""
     with httpx.Client(base_url=url, timeout=30) as c:
-        for path, body in REQUESTS.items():
-            response = c.post(path, json=body)
-            check(f"POST {path}", response.status_code == 200, response.text[:120])
+        served = {t for m in c.get("/models").json() for t in m["tasks"]}
+        check("every shipped task is served", served == shipped_tasks(), sorted(served))
+        for path, task in TASKS.items():
+            response = c.post(path, json=REQUESTS[path])
+            if task.capability in served:
+                check(f"POST {path}", response.status_code == 200, response.text[:120])
+            else:
+                check(
+                    f"POST {path} without a {task.capability} bundle",
+                    response.status_code == 404 and task.capability in response.text,
+                    response.text[:120],
+                )
 
 
 def image(tag: str) -> None:
