@@ -33,24 +33,37 @@ def extended_attention_mask(attention_mask: Tensor, dtype: torch.dtype) -> Tenso
 
 
 class BertEmbeddings(nn.Module):
+    """Word + position (+ segment) embeddings, LayerNorm, dropout. The families vary it
+    (model/families.py): no segment table (DistilBERT), positions counted from padding_idx + 1
+    (RoBERTa), a width of its own (ELECTRA's embedding_size)."""
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
+        width = config.embedding_width
+        self.position_offset = config.position_offset
         self.word_embeddings = nn.Embedding(
-            config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id
+            config.vocab_size, width, padding_idx=config.pad_token_id
         )
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, width)
+        self.token_type_embeddings = (
+            nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size else None
+        )
+        self.LayerNorm = nn.LayerNorm(width, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None) -> Tensor:
         seq_len = input_ids.shape[1]
         position_ids = torch.arange(seq_len, device=input_ids.device)[None, :]  # (1, S)
-        x = (
-            self.word_embeddings(input_ids)
-            + self.token_type_embeddings(token_type_ids)
-            + self.position_embeddings(position_ids)
-        )  # (B, S, H)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(
+            position_ids + self.position_offset
+        )  # (B, S, E)
+        if self.token_type_embeddings is not None:
+            # No segment ids (a family with one segment, or none given): segment 0's row.
+            x = x + (
+                self.token_type_embeddings.weight[0]
+                if token_type_ids is None
+                else self.token_type_embeddings(token_type_ids)
+            )
         return self.dropout(self.LayerNorm(x))
 
 
@@ -139,24 +152,28 @@ class BertEncoder(nn.Module):
 
 
 class BertPooler(nn.Module):
-    """tanh(W h_[CLS] + b): the sentence vector that NSP and sequence classification read."""
+    """act(W h_first + b): the sentence vector that NSP and sequence classification read. tanh for
+    BERT and RoBERTa, ReLU for DistilBERT, GELU for ELECTRA (their sentence heads' dense layer)."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.activation = nn.Tanh()
+        name = config.family.sentence_activation
+        self.activation = {"tanh": nn.Tanh(), "relu": nn.ReLU(), "gelu": nn.GELU()}[name]
 
     def forward(self, hidden: Tensor) -> Tensor:
         return self.activation(self.dense(hidden[:, 0]))  # (B, H)
 
 
 class BertModel(nn.Module):
-    """Embeddings -> L post-LN blocks -> (optional) pooler."""
+    """Embeddings (-> ELECTRA's projection) -> L post-LN blocks -> (optional) pooler."""
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True) -> None:
         super().__init__()
         self.config = config
         self.embeddings = BertEmbeddings(config)
+        if config.embedding_width != config.hidden_size:
+            self.embeddings_project = nn.Linear(config.embedding_width, config.hidden_size)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
 
@@ -164,14 +181,14 @@ class BertModel(nn.Module):
         self,
         input_ids: Tensor,  # (B, S) int64
         attention_mask: Tensor | None = None,  # (B, S) 1 = token, 0 = padding
-        token_type_ids: Tensor | None = None,  # (B, S) segment ids
+        token_type_ids: Tensor | None = None,  # (B, S) segment ids; None: all segment 0
     ) -> tuple[Tensor, Tensor | None]:
         """Returns (sequence_output (B, S, H), pooled_output (B, H) or None)."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)
         hidden = self.embeddings(input_ids, token_type_ids)
+        if hasattr(self, "embeddings_project"):
+            hidden = self.embeddings_project(hidden)
         additive_mask = extended_attention_mask(attention_mask, hidden.dtype)
         sequence_output = self.encoder(hidden, additive_mask)
         pooled = self.pooler(sequence_output) if self.pooler is not None else None

@@ -1,10 +1,11 @@
-"""Checkpoints in the Hugging Face BERT format: `config.json` + `model.safetensors`.
+"""Checkpoints in the Hugging Face format: `config.json` + `model.safetensors`.
 
-Our parameter names are Hugging Face's, so saving is writing the state dict and loading is reading
-one, plus the repairs that real checkpoints need:
+Our parameter names are Hugging Face's BERT names, so saving a BERT is writing the state dict and
+loading one is reading it; another family's names (DistilBERT, RoBERTa, XLM-R, ELECTRA) are
+translated by its rules (model/families.py) both ways. Plus the repairs that real checkpoints need:
 
 - TF-era LayerNorm names (`gamma`/`beta`) become `weight`/`bias`;
-- a bare encoder (`embeddings.*`, as `BertModel.save_pretrained` writes) gets the `bert.` prefix;
+- a bare encoder (`embeddings.*`, as `BertModel.save_pretrained` writes) gets its family's prefix;
 - the tied MLM decoder (`cls.predictions.decoder.weight`, the word embeddings again) and its bias
   alias are dropped, as is the old `position_ids` buffer;
 - a head absent from the checkpoint is initialised fresh and said so in a log line, and other
@@ -40,6 +41,7 @@ HEAD_PREFIXES = (
     "classifier.",
     "qa_outputs.",
     "bert.pooler.",
+    "discriminator_predictions.",
 )
 _DROPPED = ("bert.embeddings.position_ids", "cls.predictions.decoder.bias")
 _TIED = "cls.predictions.decoder.weight"
@@ -74,8 +76,12 @@ def read_config(directory: str | Path) -> BertConfig:
     return BertConfig.from_json_file(path)
 
 
-def read_state_dict(directory: str | Path) -> dict[str, Tensor]:
-    """The checkpoint's tensors with their names normalised to our (Hugging Face's) scheme."""
+def read_state_dict(
+    directory: str | Path, config: BertConfig | None = None, head: str = "BertModel"
+) -> dict[str, Tensor]:
+    """The checkpoint's tensors with their names normalised to ours (Hugging Face's BERT names),
+    from the family of `config` (read from the directory if not given) as `head` names them."""
+    config = config or read_config(directory)
     path = weights_path(directory)
     if path.name == SAFETENSORS_NAME:
         raw = load_file(path)
@@ -83,17 +89,20 @@ def read_state_dict(directory: str | Path) -> dict[str, Tensor]:
         raw = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(raw, dict):
             raise CheckpointError(f"{path} holds a {type(raw).__name__}, not a state dict")
-    return normalise_keys(raw)
+    return normalise_keys(raw, config, head)
 
 
-def normalise_keys(raw: dict[str, Tensor]) -> dict[str, Tensor]:
-    bare = not any(k.startswith("bert.") for k in raw) and any(
+def normalise_keys(
+    raw: dict[str, Tensor], config: BertConfig | None = None, head: str = "BertModel"
+) -> dict[str, Tensor]:
+    family = (config or BertConfig()).family
+    bare = not any(k.startswith(family.prefix) for k in raw) and any(
         k.startswith("embeddings.") for k in raw
     )
     state: dict[str, Tensor] = {}
-    for key, tensor in raw.items():
-        if bare:
-            key = f"bert.{key}"
+    for key, tensor in family.to_ours(
+        {f"{family.prefix}{k}" if bare else k: v for k, v in raw.items()}, head
+    ).items():
         if "LayerNorm." in key:
             key = key.removesuffix(".gamma") + ".weight" if key.endswith(".gamma") else key
             key = key.removesuffix(".beta") + ".bias" if key.endswith(".beta") else key
@@ -135,7 +144,7 @@ def load_model(
     model = cls(config.replace(architectures=(cls.architecture,), **overrides))
     if not weights:
         return model
-    state = read_state_dict(directory)
+    state = read_state_dict(directory, config, cls.architecture)
     expected = {k: v for k, v in model.state_dict().items() if k != _TIED}
 
     unknown = [k for k in state if k not in expected and not k.startswith(HEAD_PREFIXES)]
@@ -173,12 +182,20 @@ def load_model(
 
 
 def save_model(model: BertPreTrainedModel, directory: str | Path) -> Path:
-    """Write `config.json` and `model.safetensors`; returns the weights file. The tied decoder
-    weight is left out (it is the word embeddings), as `transformers` does."""
+    """Write `config.json` and `model.safetensors` in the model's family's names; returns the
+    weights file. The tied decoder weight is left out (it is the word embeddings), as
+    `transformers` does."""
     directory = Path(directory)
+    family = model.config.family
+    if model.architecture not in family.heads:
+        raise CheckpointError(
+            f"{family.model_type} has no {model.architecture} head; "
+            f"its heads: {', '.join(family.heads.values())}"
+        )
     directory.mkdir(parents=True, exist_ok=True)
     model.config.replace(architectures=(model.architecture,)).to_json_file(directory / CONFIG_NAME)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k != _TIED}
+    ours = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k != _TIED}
+    state = family.to_theirs(ours, model.architecture)
     path = directory / SAFETENSORS_NAME
     save_file(state, path, metadata={"format": "pt"})
     return path

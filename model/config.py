@@ -1,10 +1,13 @@
 """`BertConfig`: the model's shape, with Hugging Face field names, to and from config.json.
 
 The field names are exactly those of `transformers.BertConfig`, so a `config.json` moves both ways:
-`transformers` reads ours and we read theirs. Keys that Hugging Face writes but that do not change
-this model (``transformers_version``, ``use_cache``, ...) are accepted and dropped; keys that would
-change the computation into something we do not implement (relative positions, a decoder) are
-refused with the offending value.
+`transformers` reads ours and we read theirs. `model_type` names the encoder family
+(model/families.py): RoBERTa's, XLM-R's and ELECTRA's configs use BERT's names (ELECTRA adds
+`embedding_size`); DistilBERT's own names (`dim`, `n_layers`, ...) are translated both ways.
+
+Keys that Hugging Face writes but that do not change this model (``transformers_version``,
+``use_cache``, ...) are accepted and dropped; keys that would change the computation into something
+we do not implement (relative positions, a decoder) are refused with the offending value.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from model.families import DISTILBERT_KEYS, Family, family
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +62,8 @@ class BertConfig:
     # case_type), so a model with an uncased vocabulary sees capitals. 0 off; scheme 1 (or true)
     # needs 5 segment ids, scheme 2 (a text without capitals reads as "case unknown") 6.
     case_type_ids: int = 0
+    model_type: str = "bert"  # the encoder family (model/families.py)
+    embedding_size: int | None = None  # ELECTRA: embeddings this wide, projected to hidden_size
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
@@ -70,13 +77,23 @@ class BertConfig:
             "num_attention_heads",
             "intermediate_size",
             "max_position_embeddings",
-            "type_vocab_size",
         ):
             value = getattr(self, name)
             need(
                 isinstance(value, int) and value > 0,
                 f"{name} must be a positive int, got {value!r}",
             )
+        fam = family(self.model_type)
+        need(
+            isinstance(self.type_vocab_size, int)
+            and (self.type_vocab_size > 0 or not fam.segments),
+            f"type_vocab_size must be a positive int, got {self.type_vocab_size!r}",
+        )
+        need(
+            self.embedding_size is None
+            or (self.embedding_size > 0 and fam.model_type == "electra"),
+            f"embedding_size is an ELECTRA setting (model_type {self.model_type!r})",
+        )
         need(
             self.hidden_size % self.num_attention_heads == 0,
             f"hidden_size {self.hidden_size} is not divisible by "
@@ -131,6 +148,25 @@ class BertConfig:
         return self.hidden_size // self.num_attention_heads
 
     @property
+    def family(self) -> Family:
+        return family(self.model_type)
+
+    @property
+    def embedding_width(self) -> int:
+        """The embeddings' width: ELECTRA's embedding_size, else hidden_size."""
+        return self.embedding_size or self.hidden_size
+
+    @property
+    def position_offset(self) -> int:
+        """The first position id: RoBERTa's family counts from padding_idx + 1."""
+        return self.pad_token_id + 1 if self.family.offset_positions else 0
+
+    @property
+    def max_sequence(self) -> int:
+        """The longest input the position table covers."""
+        return self.max_position_embeddings - self.position_offset
+
+    @property
     def num_labels(self) -> int:
         return len(self.id2label) if self.id2label else 0
 
@@ -140,8 +176,18 @@ class BertConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BertConfig:
         model_type = data.get("model_type", "bert")
-        if model_type != "bert":
-            raise ValueError(f"config.json has model_type {model_type!r}; only 'bert' is supported")
+        fam = family(model_type)
+        if model_type == "distilbert":
+            data = {
+                ours: data[theirs] for ours, theirs in DISTILBERT_KEYS.items() if theirs in data
+            } | {k: v for k, v in data.items() if k not in DISTILBERT_KEYS.values()}
+            data["type_vocab_size"] = 0
+            if data.get("tie_weights_") is False:
+                raise ValueError(
+                    "config.json has tie_weights_=False; only a tied MLM head is supported"
+                )
+        if data.get("architectures"):
+            data["architectures"] = [fam.head_of(a) or a for a in data["architectures"]]
         for key, wanted in _REQUIRED_VALUES.items():
             if key in data and data[key] != wanted:
                 raise ValueError(
@@ -154,16 +200,28 @@ class BertConfig:
         return cls(**{k: v for k, v in data.items() if k in names})
 
     def to_dict(self) -> dict[str, Any]:
+        """config.json in the family's own names (what its transformers class reads)."""
         data = dataclasses.asdict(self)
-        data["model_type"] = "bert"
-        data["position_embedding_type"] = "absolute"
+        fam = self.family
         if self.architectures is not None:
-            data["architectures"] = list(self.architectures)
-        for key in ("id2label", "label2id", "architectures", "classifier_dropout"):
+            data["architectures"] = [fam.heads.get(a, a) for a in self.architectures]
+        for key in (
+            "id2label",
+            "label2id",
+            "architectures",
+            "classifier_dropout",
+            "embedding_size",
+        ):
             if data[key] is None:
                 del data[key]
         if self.id2label is not None:
             data["id2label"] = {str(k): v for k, v in self.id2label.items()}
+        if self.model_type == "distilbert":
+            del data["type_vocab_size"]
+            data = {DISTILBERT_KEYS.get(k, k): v for k, v in data.items()}
+            data |= {"sinusoidal_pos_embds": False, "tie_weights_": True}
+        else:
+            data["position_embedding_type"] = "absolute"
         return data
 
     @classmethod

@@ -1,12 +1,17 @@
 """Task heads on the BERT encoder, each a complete model with Hugging Face's class and key names.
 
-| class                         | head keys                         | output                 |
-|-------------------------------|-----------------------------------|------------------------|
-| BertEncoderModel (BertModel)  | none                              | hidden states, pooled  |
-| BertForPreTraining            | cls.predictions, cls.seq_relationship | MLM, NSP logits    |
-| BertForSequenceClassification | classifier (on the pooler)        | (B, num_labels)        |
-| BertForTokenClassification    | classifier (on every position)    | (B, S, num_labels)     |
-| BertForQuestionAnswering      | qa_outputs                        | start/end (B, S)       |
+| class                         | head keys (BERT's names)              | output              |
+|-------------------------------|---------------------------------------|---------------------|
+| BertEncoderModel (BertModel)  | none                                  | hidden states, pooled |
+| BertForPreTraining            | cls.predictions, cls.seq_relationship | MLM, NSP logits     |
+| BertForMaskedLM               | cls.predictions                       | MLM logits          |
+| BertForSequenceClassification | classifier (on the pooler)            | (B, num_labels)     |
+| BertForTokenClassification    | classifier (on every position)        | (B, S, num_labels)  |
+| BertForQuestionAnswering      | qa_outputs                            | start/end (B, S)    |
+| BertForReplacedTokenDetection | discriminator_predictions (ELECTRA)   | (B, S)              |
+
+The other families' checkpoints name them their way (RobertaForSequenceClassification's
+`classifier.dense` is our pooler): model/families.py translates.
 
 Every loss ignores label -100. The MLM decoder's weight *is* the word-embedding matrix (one
 tensor), with its own vocabulary bias, and it can score only the positions it is given, so
@@ -28,11 +33,13 @@ IGNORE_INDEX = -100
 
 
 class BertPredictionHeadTransform(nn.Module):
+    """dense, activation, LayerNorm: into the word embeddings' width (ELECTRA's is narrower)."""
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(config.hidden_size, config.embedding_width)
         self.transform_act_fn = activation(config.hidden_act)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = nn.LayerNorm(config.embedding_width, eps=config.layer_norm_eps)
 
     def forward(self, hidden: Tensor) -> Tensor:
         return self.LayerNorm(self.transform_act_fn(self.dense(hidden)))
@@ -42,11 +49,17 @@ class BertLMPredictionHead(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.transform = BertPredictionHeadTransform(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)  # tied
+        self.decoder = nn.Linear(config.embedding_width, config.vocab_size, bias=False)  # tied
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, hidden: Tensor) -> Tensor:
         return self.decoder(self.transform(hidden)) + self.bias  # (..., V)
+
+
+class BertOnlyMLMHead(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
 
 
 class BertPreTrainingHeads(nn.Module):
@@ -98,7 +111,7 @@ class BertEncoderModel(BertPreTrainedModel):
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__(config)
-        self.bert = BertModel(config)
+        self.bert = BertModel(config, add_pooling_layer=config.family.pooler)
         self.init_weights()
 
     def forward(
@@ -161,6 +174,69 @@ class BertForPreTraining(BertPreTrainedModel):
 class ClassifierOutput:
     logits: Tensor  # (B, num_labels) or (B, S, num_labels)
     loss: Tensor | None = None
+
+
+class BertForMaskedLM(BertPreTrainedModel):
+    """The MLM head alone (no NSP): the fill-mask model of every family (RobertaForMaskedLM,
+    DistilBertForMaskedLM, ElectraForMaskedLM, BertForMaskedLM)."""
+
+    architecture = "BertForMaskedLM"
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.cls = BertOnlyMLMHead(config)
+        self.init_weights()
+
+    def tie_weights(self) -> None:
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def forward(
+        self,
+        input_ids: Tensor,  # (B, S)
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        mlm_positions: Tensor | None = None,  # (B, P): score only these positions
+        labels: Tensor | None = None,  # (B, P) or (B, S), -100 = ignore
+    ) -> ClassifierOutput:
+        sequence_output, _ = self.bert(input_ids, attention_mask, token_type_ids)
+        if mlm_positions is not None:
+            sequence_output = gather_positions(sequence_output, mlm_positions)
+        logits = self.cls.predictions(sequence_output)  # (B, P or S, V)
+        return ClassifierOutput(logits, None if labels is None else cross_entropy(logits, labels))
+
+
+class ElectraDiscriminatorPredictions(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = activation(config.hidden_act)
+        self.dense_prediction = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.dense_prediction(self.activation(self.dense(hidden))).squeeze(-1)  # (B, S)
+
+
+class BertForReplacedTokenDetection(BertPreTrainedModel):
+    """ELECTRA's discriminator (Hugging Face's ElectraForPreTraining): one logit a token, > 0
+    for a token the generator replaced. Most published ELECTRA checkpoints are this one."""
+
+    architecture = "BertForReplacedTokenDetection"
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.discriminator_predictions = ElectraDiscriminatorPredictions(config)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+    ) -> ClassifierOutput:
+        sequence_output, _ = self.bert(input_ids, attention_mask, token_type_ids)
+        return ClassifierOutput(self.discriminator_predictions(sequence_output))
 
 
 class _BertClassifier(BertPreTrainedModel):
@@ -242,8 +318,10 @@ HEADS: dict[str, type[BertPreTrainedModel]] = {
     for cls in (
         BertEncoderModel,
         BertForPreTraining,
+        BertForMaskedLM,
         BertForSequenceClassification,
         BertForTokenClassification,
         BertForQuestionAnswering,
+        BertForReplacedTokenDetection,
     )
 }

@@ -54,8 +54,8 @@ def test_hugging_face_extras_are_accepted_and_semantic_ones_checked():
     assert BertConfig.from_dict(data).hidden_size == 64
     with pytest.raises(ValueError, match="position_embedding_type='relative_key'"):
         BertConfig.from_dict({**data, "position_embedding_type": "relative_key"})
-    with pytest.raises(ValueError, match="model_type 'roberta'"):
-        BertConfig.from_dict({**data, "model_type": "roberta"})
+    with pytest.raises(ValueError, match="model_type 'mpnet'; supported: bert, distilbert"):
+        BertConfig.from_dict({**data, "model_type": "mpnet"})
 
 
 def test_config_is_frozen(tiny_config):
