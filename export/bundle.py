@@ -28,6 +28,7 @@ from export.graph import (
     read_pooling,
     read_prompts,
     resolve_tasks,
+    task_architecture,
 )
 from export.parity import (
     MIN_AGREEMENT,
@@ -198,19 +199,20 @@ def build_bundle(
             f"model's {config.vocab_size} embeddings"
         )
     arch = config.architectures[0] if config.architectures else None
-    tasks = resolve_tasks(tasks, set(read_state_dict(checkpoint)), arch)
+    keys = set(read_state_dict(checkpoint, config, arch or "BertModel"))
+    tasks = resolve_tasks(tasks, keys, arch)
     if "rerank" in tasks and config.num_labels != 1:
         raise ValueError(
             f"a rerank bundle needs a cross-encoder (a classifier with one output); "
             f"{checkpoint} has {config.num_labels} labels"
         )
-    max_len = max_seq_len or min(512, config.max_position_embeddings)
-    if not 8 <= max_len <= config.max_position_embeddings:
-        raise ValueError(f"--max-seq-len {max_len} must be in 8..{config.max_position_embeddings}")
+    max_len = max_seq_len or min(512, config.max_sequence)
+    if not 8 <= max_len <= config.max_sequence:
+        raise ValueError(f"--max-seq-len {max_len} must be in 8..{config.max_sequence}")
     if precision not in TOLERANCE:
         raise ValueError(f"--precision {precision!r} is not one of {sorted(TOLERANCE)}")
-    model = load_model(checkpoint, TASK_SPECS[tasks[0]].architecture).eval()
-    inputs, outputs = graph_io(tasks)
+    model = load_model(checkpoint, task_architecture(tasks)).eval()
+    inputs, outputs = graph_io(tasks, config.family.segments)
     pooling = read_pooling(checkpoint) if "embed" in tasks else None
     prompts = read_prompts(checkpoint) if "embed" in tasks else {}
 
@@ -274,6 +276,7 @@ def build_bundle(
                 "cls_id": tokenizer.cls_id,
                 "sep_id": tokenizer.sep_id,
                 "mask_id": tokenizer.mask_id,
+                "mask_token": tokenizer.mask_token,
                 "case_type_ids": config.case_type_ids,
             },
             inputs=inputs,
@@ -286,11 +289,13 @@ def build_bundle(
             export_parity=check | {"tolerance": TOLERANCE[precision]},
             opset=OPSET,
             architecture={
+                "model_type": config.model_type,
                 "layers": config.num_hidden_layers,
                 "hidden_size": config.hidden_size,
                 "heads": config.num_attention_heads,
                 "vocab_size": config.vocab_size,
-                "max_position_embeddings": config.max_position_embeddings,
+                # the positions an input may use (RoBERTa's family spends two on padding_idx)
+                "max_position_embeddings": config.max_sequence,
             },
             fused_nodes=fused,
             source={
@@ -308,6 +313,19 @@ def build_bundle(
         )
         publish(staging, spec, out)
     return spec
+
+
+def bundle_tokenizer(directory: Path, spec: BundleSpec) -> BertTokenizer:
+    """A bundle's tokenizer with the special tokens its bundle.json names."""
+    from tokenizers import Tokenizer
+
+    ids = spec.tokenizer
+    raw = Tokenizer.from_file(str(directory / ids.file))
+    specials = {
+        role: raw.id_to_token(getattr(ids, f"{role}_id")) or f"<no id {getattr(ids, f'{role}_id')}>"
+        for role in ("pad", "unk", "cls", "sep")
+    }
+    return BertTokenizer.from_file(directory / ids.file, specials | {"mask": ids.mask_token})
 
 
 def publish(staging: Path, spec: BundleSpec, out: Path) -> None:
@@ -344,7 +362,7 @@ def convert_bundle(
             f"{directory} is {spec.precision}: it converts only from fp32, or along "
             f"{sorted(RECONVERT)}; export {precision} from the checkpoint instead"
         )
-    tokenizer = BertTokenizer.from_file(directory / spec.tokenizer.file)
+    tokenizer = bundle_tokenizer(directory, spec)
     old = directory / spec.model_file
     with tempfile.TemporaryDirectory(prefix="bertserve-convert-") as tmp:
         new = Path(tmp) / "model.onnx"
@@ -415,12 +433,17 @@ def verify(directory: Path) -> dict[str, Any]:
             f"from bundle.json {(spec.inputs, spec.outputs)}"
         )
     tok = Tokenizer.from_file(str(directory / spec.tokenizer.file))
-    for name in ("pad", "unk", "cls", "sep", "mask"):
-        token = f"[{name.upper()}]"
-        if tok.token_to_id(token) != getattr(spec.tokenizer, f"{name}_id"):
+    mask = tok.token_to_id(spec.tokenizer.mask_token)
+    if mask != spec.tokenizer.mask_id:
+        raise ValueError(
+            f"{directory / spec.tokenizer.file}: {spec.tokenizer.mask_token} is not id "
+            f"{spec.tokenizer.mask_id} as bundle.json says"
+        )
+    for name in ("pad", "unk", "cls", "sep"):
+        if tok.id_to_token(getattr(spec.tokenizer, f"{name}_id")) is None:
             raise ValueError(
-                f"{directory / spec.tokenizer.file}: {token} is not id "
-                f"{getattr(spec.tokenizer, f'{name}_id')} as bundle.json says"
+                f"{directory / spec.tokenizer.file}: has no id "
+                f"{getattr(spec.tokenizer, f'{name}_id')} ({name}, as bundle.json says)"
             )
     report: dict[str, Any] = {
         "bundle": str(directory),
@@ -439,7 +462,7 @@ def verify(directory: Path) -> dict[str, Any]:
         report["parity_checked"] = "at export (source checkpoint not at hand)"
         return report
     model = load_model(source, spec.source.architecture).eval()
-    tokenizer = BertTokenizer.from_file(directory / spec.tokenizer.file)
+    tokenizer = bundle_tokenizer(directory, spec)
     result = torch_parity(
         model,
         spec.tasks,

@@ -1,10 +1,11 @@
 """Task graphs: which head a task needs, the torch wrapper that exports it, and ONNX Runtime's
 transformer optimisation with a count of the fused nodes.
 
-Every graph takes `input_ids`, `attention_mask`, `token_type_ids` (int64, dynamic batch and
-sequence). The pre-training graph (fill-mask and NSP) also takes `mask_positions` (int64, batch x
-predictions) and computes vocabulary logits only there: a fill-mask request pays for its [MASK]
-tokens, not for every position. An NSP request passes one position a row.
+Every graph takes `input_ids`, `attention_mask` and, where the family has segments,
+`token_type_ids` (int64, dynamic batch and sequence). The fill-mask graph (with NSP beside it for
+a BERT pre-training checkpoint) also takes `mask_positions` (int64, batch x predictions) and
+computes vocabulary logits only there: a fill-mask request pays for its mask tokens, not for
+every position. An NSP request passes one position a row.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from model.heads import BertPreTrainedModel, gather_positions
-from runtime.bundle import BASE_INPUTS, MASK_POSITIONS
+from runtime.bundle import BASE_INPUTS, MASK_POSITIONS, SEGMENTS
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,9 @@ class TaskSpec:
 
 
 TASK_SPECS = {
+    # A BERT pre-training checkpoint serves it beside NSP (BertForPreTraining, task_architecture).
     "fill-mask": TaskSpec(
-        "BertForPreTraining",
+        "BertForMaskedLM",
         ("cls.predictions.transform.dense.weight", "cls.predictions.bias"),
         {"mlm_logits": "mask"},
     ),
@@ -122,18 +124,19 @@ def resolve_tasks(
         if missing:
             raise ExportError(f"the checkpoint has no {task} head (no {missing[0]})")
     architectures = {TASK_SPECS[t].architecture for t in tasks}
-    if len(architectures) > 1:
+    if len(architectures) > 1 and not architectures <= PRETRAINING:
         raise ExportError(
             f"tasks {tasks} need different heads ({sorted(architectures)}): "
             "export one bundle per head"
         )
+    architectures = {task_architecture(tasks)}
     if {"classify", "ner", "rerank"} & set(tasks) and architecture not in (
         None,
         *architectures,
     ):
         # classifier.weight is shared by both classification heads: the config says which.
         raise ExportError(f"the checkpoint is a {architecture}, not a {architectures.pop()}")
-    if architectures == {"BertForPreTraining"}:
+    if architectures & PRETRAINING:
         for extra in ("fill-mask", "nsp"):
             if extra not in tasks and all(
                 k in checkpoint_keys for k in TASK_SPECS[extra].head_keys
@@ -142,13 +145,24 @@ def resolve_tasks(
     return [t for t in TASKS if t in tasks]
 
 
+# The two heads of a BERT pre-training checkpoint: one graph serves fill-mask and NSP.
+PRETRAINING = {"BertForMaskedLM", "BertForPreTraining"}
+
+
+def task_architecture(tasks: list[str]) -> str:
+    """The head class a bundle of `tasks` loads: NSP needs BERT's pre-training heads."""
+    return "BertForPreTraining" if "nsp" in tasks else TASK_SPECS[tasks[0]].architecture
+
+
 def output_axes(tasks: list[str]) -> dict[str, str]:
     return {name: kind for t in tasks for name, kind in TASK_SPECS[t].outputs.items()}
 
 
-def graph_io(tasks: list[str]) -> tuple[list[str], list[str]]:
+def graph_io(tasks: list[str], segments: bool = True) -> tuple[list[str], list[str]]:
+    """The graph's input and output names; `segments`: the family has token_type_ids."""
     axes = output_axes(tasks)
-    inputs = list(BASE_INPUTS) + ([MASK_POSITIONS] if "mask" in axes.values() else [])
+    base = [i for i in BASE_INPUTS if segments or i != SEGMENTS]
+    inputs = base + ([MASK_POSITIONS] if "mask" in axes.values() else [])
     return inputs, list(axes)
 
 
@@ -160,18 +174,18 @@ class TaskGraph(nn.Module):
         self.model = model
         self.tasks = tasks
         self.pooling = pooling
+        self.segments = model.config.family.segments
         self.eval()  # an inference graph: the exporter restores this mode after tracing
 
-    def forward(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor,
-        token_type_ids: Tensor,
-        mask_positions: Tensor | None = None,
-    ) -> tuple[Tensor, ...]:
+    def forward(self, *feeds: Tensor) -> tuple[Tensor, ...]:
+        """`feeds` in graph_io's order: input_ids, attention_mask, [token_type_ids],
+        [mask_positions]."""
+        input_ids, attention_mask, *rest = feeds
+        token_type_ids = rest.pop(0) if self.segments else None
+        mask_positions = rest.pop(0) if rest else None
         m: Any = self.model  # its heads depend on the architecture, dispatched on below
         arch = m.architecture
-        if arch == "BertForPreTraining":
+        if arch in PRETRAINING:
             sequence, pooled = m.bert(input_ids, attention_mask, token_type_ids)
             outs = []
             if "fill-mask" in self.tasks:
@@ -193,11 +207,13 @@ class TaskGraph(nn.Module):
         return (m(input_ids, attention_mask, token_type_ids).logits,)
 
 
-def example_inputs(tasks: list[str], batch: int = 2, seq: int = 8) -> tuple[Tensor, ...]:
+def example_inputs(
+    tasks: list[str], segments: bool = True, batch: int = 2, seq: int = 8
+) -> tuple[Tensor, ...]:
     ids = torch.full((batch, seq), 7, dtype=torch.long)
     mask = torch.ones_like(ids)
     mask[-1, seq // 2 :] = 0
-    args = [ids, mask, torch.zeros_like(ids)]
+    args = [ids, mask] + ([torch.zeros_like(ids)] if segments else [])
     if MASK_POSITIONS in graph_io(tasks)[0]:
         args.append(torch.ones((batch, 2), dtype=torch.long))
     return tuple(args)
@@ -208,8 +224,9 @@ def export_onnx(
 ) -> None:
     """Trace with the TorchScript exporter: its graph is the one ONNX Runtime's BERT fusions
     recognise (Attention, SkipLayerNormalization, BiasGelu)."""
-    inputs, outputs = graph_io(tasks)
-    axes = {name: {0: "batch", 1: "sequence"} for name in BASE_INPUTS}
+    segments = model.config.family.segments
+    inputs, outputs = graph_io(tasks, segments)
+    axes = {name: {0: "batch", 1: "sequence"} for name in BASE_INPUTS if name in inputs}
     if MASK_POSITIONS in inputs:
         axes[MASK_POSITIONS] = {0: "batch", 1: "predictions"}
     axes |= {name: DYNAMIC_AXES[kind] for name, kind in output_axes(tasks).items()}
@@ -218,7 +235,7 @@ def export_onnx(
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
         torch.onnx.export(
             graph,
-            example_inputs(tasks),
+            example_inputs(tasks, segments),
             str(path),
             input_names=inputs,
             output_names=outputs,

@@ -136,7 +136,7 @@ def sample_feeds(
         for i, rows in enumerate(positions):
             feeds["mask_positions"][i, : len(rows)] = rows
             feeds["input_ids"][i, rows] = tokenizer.mask_id
-    return feeds
+    return {name: value for name, value in feeds.items() if name in inputs}
 
 
 def onnx_outputs(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -54,9 +54,9 @@ class BertEmbeddings(nn.Module):
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None) -> Tensor:
         seq_len = input_ids.shape[1]
         position_ids = torch.arange(seq_len, device=input_ids.device)[None, :]  # (1, S)
-        x = self.word_embeddings(input_ids) + self.position_embeddings(
-            position_ids + self.position_offset
-        )  # (B, S, E)
+        if self.position_offset:
+            position_ids = position_ids + self.position_offset
+        x = self.word_embeddings(input_ids)  # (B, S, E)
         if self.token_type_embeddings is not None:
             # No segment ids (a family with one segment, or none given): segment 0's row.
             x = x + (
@@ -64,6 +64,8 @@ class BertEmbeddings(nn.Module):
                 if token_type_ids is None
                 else self.token_type_embeddings(token_type_ids)
             )
+        # This order (word, segment, position) is the one ONNX Runtime's embedding fusion reads.
+        x = x + self.position_embeddings(position_ids)
         return self.dropout(self.LayerNorm(x))
 
 

@@ -66,20 +66,54 @@ def _add_templates(tok: Tokenizer) -> Tokenizer:
     return tok
 
 
-class BertTokenizer:
-    """A `tokenizers.Tokenizer` with BERT's special tokens and a small, explicit API."""
+# The roles of the special tokens, and BERT's tokens for them. Another family's checkpoint names
+# its own (RoBERTa: <pad> <unk> <s> </s> <mask>) in special_tokens_map.json or
+# tokenizer_config.json beside its tokenizer.json.
+ROLES = ("pad", "unk", "cls", "sep", "mask")
+BERT_SPECIALS = dict(zip(ROLES, SPECIAL_TOKENS, strict=True))
+SPECIALS_FILES = ("special_tokens_map.json", "tokenizer_config.json")
 
-    def __init__(self, tokenizer: Tokenizer, lowercase: bool) -> None:
+
+def read_specials(directory: Path) -> dict[str, str]:
+    """The special tokens a Hugging Face tokenizer directory names, by role; BERT's for a role
+    it does not name."""
+    import json
+
+    named: dict[str, str] = {}
+    for name in SPECIALS_FILES:
+        path = directory / name
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        for role in ROLES:
+            value = data.get(f"{role}_token")
+            value = value.get("content") if isinstance(value, dict) else value
+            if isinstance(value, str) and role not in named:
+                named[role] = value
+    return BERT_SPECIALS | named
+
+
+class BertTokenizer:
+    """A `tokenizers.Tokenizer` with its special tokens by role and a small, explicit API. The
+    name is BERT's; the tokenizer may be any of `tokenizers`' (WordPiece, byte-level BPE,
+    SentencePiece Unigram), with the special tokens its checkpoint names."""
+
+    def __init__(
+        self, tokenizer: Tokenizer, lowercase: bool, specials: dict[str, str] | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.lowercase = lowercase
-        ids = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
-        lacking = [t for t, i in ids.items() if i is None]
+        self.specials = specials or dict(BERT_SPECIALS)
+        ids = {role: tokenizer.token_to_id(t) for role, t in self.specials.items()}
+        lacking = [self.specials[r] for r, i in ids.items() if i is None]
         if lacking:
             raise ValueError(f"the vocabulary lacks the special tokens {lacking}")
-        self.special_ids: dict[str, int] = {t: int(i) for t, i in ids.items() if i is not None}
-        self.pad_id, self.unk_id = self.special_ids[PAD], self.special_ids[UNK]
-        self.cls_id, self.sep_id = self.special_ids[CLS], self.special_ids[SEP]
-        self.mask_id = self.special_ids[MASK]
+        self.special_ids: dict[str, int] = {
+            self.specials[r]: int(i) for r, i in ids.items() if i is not None
+        }
+        by_role = {r: int(i) for r, i in ids.items() if i is not None}
+        self.pad_id, self.unk_id = by_role["pad"], by_role["unk"]
+        self.cls_id, self.sep_id = by_role["cls"], by_role["sep"]
+        self.mask_id = by_role["mask"]
+        self.mask_token = self.specials["mask"]
 
     @property
     def vocab_size(self) -> int:
@@ -131,7 +165,10 @@ class BertTokenizer:
         return cls(_add_templates(tok), lowercase)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> BertTokenizer:
+    def from_file(cls, path: str | Path, specials: dict[str, str] | None = None) -> BertTokenizer:
+        """A tokenizer.json; its special tokens are `specials`, else those its directory names
+        (special_tokens_map.json, tokenizer_config.json), else BERT's."""
+        path = Path(path)
         tok = Tokenizer.from_file(str(path))
         # A published tokenizer.json may carry truncation and padding (all-MiniLM-L6-v2 ships
         # both at 128): every direct call of the underlying tokenizer would then pad short texts
@@ -140,7 +177,7 @@ class BertTokenizer:
         tok.no_padding()
         normalizer = tok.normalizer
         lowercase = bool(normalizer is not None and getattr(normalizer, "lowercase", False))
-        return cls(tok, lowercase)
+        return cls(tok, lowercase, specials or read_specials(path.parent))
 
     @classmethod
     def load(cls, directory: str | Path) -> BertTokenizer:

@@ -31,6 +31,7 @@ Precision = Literal[
     "int8-int4-embeddings",
 ]
 BASE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+SEGMENTS = "token_type_ids"  # not an input of a family without segments (RoBERTa's)
 MASK_POSITIONS = "mask_positions"
 # How an output's batch rows are sliced back to one request's row: one value a sequence, one a
 # token (the row's length), or one a requested [MASK] position (the row's mask_positions).
@@ -54,12 +55,14 @@ class TokenizerSpec(_Strict):
     cls_id: int = Field(ge=0)
     sep_id: int = Field(ge=0)
     mask_id: int = Field(ge=0)
+    mask_token: str = Field("[MASK]", min_length=1)  # as a /fill-mask input writes it
     # /ner feeds each piece's letter case as its segment id (runtime/tasks/ner.py case_type):
     # 0 (or false) off, 1 (or true) case as written, 2 a text without capitals as "case unknown"
     case_type_ids: int = Field(0, ge=0, le=2)
 
 
 class ArchitectureSpec(_Strict):
+    model_type: str = "bert"  # the encoder family (config.json's model_type)
     layers: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
     heads: int = Field(gt=0)
@@ -134,10 +137,14 @@ class BundleSpec(_Strict):
                 f"default_prompt_name {self.default_prompt_name!r} is not one of the prompts "
                 f"{sorted(self.prompts)}"
             )
-        if self.inputs[:3] != list(BASE_INPUTS) or self.inputs[3:] not in ([], [MASK_POSITIONS]):
+        base = self.inputs[: 3 if SEGMENTS in self.inputs else 2]
+        if base != [i for i in BASE_INPUTS if i in base] or base[:2] != list(BASE_INPUTS[:2]):
             raise ValueError(
-                f"inputs {self.inputs} should be {list(BASE_INPUTS)} (+ mask_positions)"
+                f"inputs {self.inputs} should be {list(BASE_INPUTS)} (token_type_ids where the "
+                "family has segments) (+ mask_positions)"
             )
+        if self.inputs[len(base) :] not in ([], [MASK_POSITIONS]):
+            raise ValueError(f"inputs {self.inputs}: only mask_positions may follow {base}")
         if sorted(self.output_axes) != sorted(self.outputs):
             raise ValueError(f"output_axes {self.output_axes} should name each of {self.outputs}")
         if "mask" in self.output_axes.values() and MASK_POSITIONS not in self.inputs:
@@ -147,6 +154,8 @@ class BundleSpec(_Strict):
                 f"max_seq_len {self.max_seq_len} exceeds the model's "
                 f"{self.architecture.max_position_embeddings} positions"
             )
+        if self.tokenizer.case_type_ids and SEGMENTS not in self.inputs:
+            raise ValueError("tokenizer.case_type_ids needs the token_type_ids input")
         if self.tokenizer.case_type_ids and self.tasks != ["ner"]:
             raise ValueError(
                 f"tokenizer.case_type_ids is a tagging input; a bundle with it serves only "

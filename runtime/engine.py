@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.bundle import BundleSpec
+from runtime.bundle import SEGMENTS, BundleSpec
 
 log = logging.getLogger(__name__)
 ort_log = logging.getLogger("onnxruntime")
@@ -194,6 +194,9 @@ class Engine:
                 f"{path}: graph inputs/outputs {self.inputs}/{self.outputs} differ from bundle.json"
             )
 
+        # A family without segments (RoBERTa's) has no token_type_ids input; the batcher's
+        # feeds carry it for every graph, and it is left out here.
+        self._segmentless = SEGMENTS not in self.inputs
         self.cpu_arena = options.cpu_arena
         self.warm_tokens = 0  # the largest call so far while warming up (`warmed`)
         self._warming = True
@@ -209,6 +212,8 @@ class Engine:
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         ids = feeds["input_ids"]
+        if self._segmentless and SEGMENTS in feeds:
+            feeds = {name: value for name, value in feeds.items() if name != SEGMENTS}
         options = None
         if self._shrink is not None:
             if self._warming:
@@ -232,5 +237,5 @@ def warmup_feeds(
         }
         if "mask_positions" in spec.inputs:
             feeds["mask_positions"] = np.ones((rows, 1), np.int64)
-        shapes.append(feeds)
+        shapes.append({name: value for name, value in feeds.items() if name in spec.inputs})
     return shapes

@@ -29,7 +29,7 @@ from runtime.errors import (  # noqa: F401  (re-exported: the service's one erro
 if TYPE_CHECKING:
     from service.metrics import Metrics
 
-PATTERN_MESSAGES = {r"\S": "is empty or blank", r"\[MASK\]": "has no [MASK] token"}
+PATTERN_MESSAGES = {r"\S": "is empty or blank"}
 
 
 def error_response(

@@ -286,6 +286,7 @@ async def models(request: Request) -> list[dict[str, Any]]:
             "provider": m.engine.provider,
             "requested_provider": m.engine.requested,
             "max_seq_len": m.spec.max_seq_len,
+            "mask_token": m.spec.tokenizer.mask_token if "fill-mask" in m.spec.tasks else None,
             "prompts": m.spec.prompts,
             "default_prompt_name": m.spec.default_prompt_name,
             "architecture": m.spec.architecture.model_dump(),

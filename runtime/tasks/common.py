@@ -4,6 +4,7 @@ validation, truncation, the request's deadline, rows, and softmax."""
 from __future__ import annotations
 
 import contextvars
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -98,6 +99,9 @@ class TaskContext:
     max_rows: int = 1_000_000  # sequences one request may become (windows are counted first)
     _local: threading.local = field(default_factory=threading.local)
     _frame: tuple[list[int], list[int]] | None = field(default=None, repr=False)
+    # A byte-level tokenizer (RoBERTa's BPE, or a byte-fallback model) may make several pieces
+    # of one character: its bounds count UTF-8 bytes, not characters.
+    byte_level: bool = False
 
     @classmethod
     def load(
@@ -107,7 +111,11 @@ class TaskContext:
         plain = Tokenizer.from_str(text)
         plain.no_truncation()
         plain.no_padding()
-        return cls(spec, plain, text, max_text_chars, max_rows)
+        parsed = json.loads(text)
+        byte_level = bool(parsed["model"].get("byte_fallback")) or '"ByteLevel"' in json.dumps(
+            parsed.get("pre_tokenizer")
+        )
+        return cls(spec, plain, text, max_text_chars, max_rows, byte_level=byte_level)
 
     @property
     def windowing(self) -> Tokenizer:
@@ -129,9 +137,11 @@ class TaskContext:
 
     def max_pieces(self, text: str) -> int:
         """An upper bound on the word pieces of `text`, cheaper than tokenising it: every piece
-        covers at least one character of the normalised text."""
+        covers at least one character (a byte-level tokenizer's: one byte) of the normalised
+        text."""
         normalizer = self.tokenizer.normalizer
-        return len(normalizer.normalize_str(text) if normalizer is not None else text)
+        normal = normalizer.normalize_str(text) if normalizer is not None else text
+        return len(normal.encode("utf-8")) if self.byte_level else len(normal)
 
     def check_text(self, text: str, what: str = "input") -> str:
         if not text.strip():

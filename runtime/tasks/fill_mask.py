@@ -1,5 +1,6 @@
-"""/fill-mask: the top-k tokens for each [MASK], as the transformers fill-mask pipeline
-(scores are probabilities over the whole vocabulary, also when `targets` restricts the choice)."""
+"""/fill-mask: the top-k tokens for each mask token, as the transformers fill-mask pipeline
+(scores are probabilities over the whole vocabulary, also when `targets` restricts the choice).
+The mask token is the model's: [MASK] for BERT, <mask> for RoBERTa and XLM-R (GET /models)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ from runtime.schemas import Int, Params, Request
 from runtime.tasks.common import Task, TaskContext, checkpoint, row, softmax, top_k_indices
 
 MaskedText = Annotated[
-    str, Field(min_length=6, pattern=r"\[MASK\]", description="contains at least one [MASK]")
+    str,
+    Field(
+        min_length=1,
+        description="contains the model's mask token at least once: [MASK] for BERT, <mask> for "
+        "RoBERTa and XLM-R (GET /models: mask_token)",
+    ),
 ]
 
 
@@ -53,7 +59,7 @@ def target_ids(ctx: TaskContext, targets: list[str] | None) -> np.ndarray | None
 
 
 def preprocess(ctx: TaskContext, texts: list[str], truncate: bool) -> list[Row]:
-    mask_token = "[MASK]"
+    mask_token = ctx.spec.tokenizer.mask_token
     rows = []
     for text in texts:
         enc = ctx.encode(ctx.check_text(text), truncate=truncate)
@@ -119,14 +125,18 @@ class FillMask(Task):
         long as its input. Counted on the raw text, before anything is tokenised."""
         p = request.parameters
         k = min(p.top_k, len(p.targets)) if p.targets else p.top_k
-        candidates = sum(t.count("[MASK]") for t in items) * k
+        mask = ctx.spec.tokenizer.mask_token
+        unmasked = next((t for t in items if mask not in t), None)
+        if unmasked is not None:
+            raise InvalidInput(f"input has no {mask} (this model's mask token): {unmasked[:80]!r}")
+        candidates = sum(t.count(mask) for t in items) * k
         if candidates > limits.max_fill_mask_candidates:
             raise TooLarge(
                 f"{candidates:,} candidates asked for (inputs x [MASK]s x top_k); the limit is "
                 f"{limits.max_fill_mask_candidates:,}. Send fewer [MASK]s or a smaller top_k"
             )
         targets = sum(len(t) for t in p.targets or ())  # each tokenised
-        return targets + sum(len(t) * max(1, t.count("[MASK]") * k) for t in items)
+        return targets + sum(len(t) * max(1, t.count(mask) * k) for t in items)
 
     def prepare(
         self, ctx: TaskContext, items: list[str], request: FillMaskRequest

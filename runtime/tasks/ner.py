@@ -65,8 +65,8 @@ def windows_for(n: int, size: int, stride: int) -> list[tuple[int, int]]:
 
 
 def preprocess(ctx: TaskContext, texts: list[str], stride: int) -> tuple[list[NerInput], list[Row]]:
-    cls_id, sep_id = ctx.spec.tokenizer.cls_id, ctx.spec.tokenizer.sep_id
-    size = ctx.max_len - 2
+    front, back = ctx.special_frame  # [CLS] ... [SEP] for BERT, <s> ... </s> for RoBERTa
+    size = ctx.max_len - len(front) - len(back)
     cased = ctx.spec.tokenizer.case_type_ids
     encoded = []
     windows = 0
@@ -92,10 +92,10 @@ def preprocess(ctx: TaskContext, texts: list[str], stride: int) -> tuple[list[Ne
         inputs.append(NerInput(text, enc, spans))
         shapes = case_type_ids(text, enc.offsets, cased) if cased else None
         for start, end in spans:
-            ids = np.asarray([cls_id, *enc.ids[start:end], sep_id], dtype=np.int64)
+            ids = np.asarray([*front, *enc.ids[start:end], *back], dtype=np.int64)
             types = np.zeros_like(ids)
             if shapes is not None:
-                types[1:-1] = shapes[start:end]
+                types[len(front) : len(ids) - len(back)] = shapes[start:end]
             rows.append(Row(ids, types))
     return inputs, rows
 
@@ -107,20 +107,26 @@ def too_many_sequences(max_rows: int, max_len: int) -> TooLarge:
     )
 
 
-def piece_scores(item: NerInput, results: list[RowResult]) -> np.ndarray:
+def piece_scores(ctx: TaskContext, item: NerInput, results: list[RowResult]) -> np.ndarray:
     """(pieces, labels) probabilities, each piece from its max-context window."""
+    front, back = (len(side) for side in ctx.special_frame)
+
+    def probs(result: RowResult) -> np.ndarray:  # the specials dropped
+        logits = result.outputs["logits"]
+        return softmax(logits[front : len(logits) - back].astype(np.float64))
+
     if len(item.windows) == 1:  # a text in one window: every piece has only that context
-        return softmax(results[0].outputs["logits"][1:-1].astype(np.float64))
+        return probs(results[0])
     n = len(item.encoding.ids)
     labels = results[0].outputs["logits"].shape[-1]
     scores = np.zeros((n, labels))
     best = np.full(n, -1.0)
     for (start, end), result in zip(item.windows, results, strict=True):
-        probs = softmax(result.outputs["logits"][1:-1].astype(np.float64))  # drop [CLS] [SEP]
+        window = probs(result)
         for j, piece in enumerate(range(start, end)):
             context = min(piece - start, end - 1 - piece) + 0.01 * (end - start)
             if context > best[piece]:
-                best[piece], scores[piece] = context, probs[j]
+                best[piece], scores[piece] = context, window[j]
     return scores
 
 
@@ -140,27 +146,34 @@ def postprocess(
     labels = ctx.spec.labels or []
     unk = ctx.spec.tokenizer.unk_id
     ignore = frozenset(ignore_labels)
+    front = len(ctx.special_frame[0])
+    # transformers' test: a tokenizer that marks continuations ("##" WordPiece) tells a word's
+    # later pieces by their length; any other (byte-level BPE, Unigram) by no space before them
+    word_aware = bool(getattr(ctx.tokenizer.model, "continuing_subword_prefix", None))
     out, cursor = [], 0
     for item in inputs:
         checkpoint()
-        scores = piece_scores(item, results[cursor : cursor + len(item.windows)])
+        scores = piece_scores(ctx, item, results[cursor : cursor + len(item.windows)])
         cursor += len(item.windows)
         pre = []
         for idx, (token_id, token, (start, end)) in enumerate(
             zip(item.encoding.ids, item.encoding.tokens, item.encoding.offsets, strict=True)
         ):
             word_ref = item.text[start:end]
-            is_subword = len(token) != len(word_ref)  # "##ing" vs "ing": WordPiece knows
+            if word_aware:
+                is_subword = len(token) != len(word_ref)  # "##ing" vs "ing"
+            else:
+                is_subword = start > 0 and " " not in item.text[start - 1 : start + 1]
             if token_id == unk:
                 token, is_subword = word_ref, False
-            # transformers counts [CLS] in the index of a token
+            # transformers counts the leading specials in the index of a token
             pre.append(
                 {
                     "word": token,
                     "scores": scores[idx],
                     "start": start,
                     "end": end,
-                    "index": idx + 1,
+                    "index": idx + front,
                     "is_subword": is_subword,
                 }
             )

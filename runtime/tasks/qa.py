@@ -1,6 +1,7 @@
 """/qa: extractive question answering, as the transformers question-answering pipeline.
 
-Question and context are encoded as `[CLS] question [SEP] context [SEP]`; a context longer than
+Question and context are encoded by the tokenizer's pair template (`[CLS] question [SEP] context
+[SEP]` for BERT, `<s> question </s></s> context </s>` for RoBERTa); a context longer than
 `max_seq_len` is cut into windows overlapping by `doc_stride` tokens (the tokenizer's own
 overflow), every window is scored, and the best spans across windows win. A span starts and ends
 inside the context, end >= start, at most `max_answer_len` tokens, and is widened to whole words.
@@ -68,10 +69,13 @@ class QaWindows:
     windows: list[Encoding]
 
 
-def context_window(max_seq_len: int, question_len: int, doc_stride: int) -> tuple[int, int]:
+def context_window(
+    max_seq_len: int, question_len: int, doc_stride: int, specials: int = 3
+) -> tuple[int, int]:
     """(context tokens a window holds, overlap between windows): the overlap is kept to at most
-    half a window, as /ner's, so a long context costs at most twice its length in windows."""
-    window = max_seq_len - question_len - 3  # [CLS] question [SEP] context [SEP]
+    half a window, as /ner's, so a long context costs at most twice its length in windows.
+    `specials`: the pair template's special tokens (3 for BERT, 4 for RoBERTa)."""
+    window = max_seq_len - question_len - specials
     return window, min(doc_stride, window // 2)
 
 
@@ -84,6 +88,7 @@ def preprocess(
 ) -> tuple[list[QaWindows], list[Row]]:
     max_seq_len = min(max_seq_len, ctx.max_len)
     tok = ctx.windowing
+    specials = ctx.tokenizer.num_special_tokens_to_add(True)
     inputs: list[QaWindows] = []
     rows: list[Row] = []
     for question, context in pairs:
@@ -96,12 +101,12 @@ def preprocess(
                 f"question is {question_len} tokens; the limit is "
                 f"{max_question_len} (max_question_len)"
             )
-        if question_len + 4 > max_seq_len:
+        if question_len + specials + 1 > max_seq_len:
             raise InvalidInput(
                 f"question of {question_len} tokens leaves no room for context "
                 f"in max_seq_len {max_seq_len}"
             )
-        window, stride = context_window(max_seq_len, question_len, doc_stride)
+        window, stride = context_window(max_seq_len, question_len, doc_stride, specials)
         # Count the windows before making them: the tokenizer's overflow builds every one. The
         # normalised length bounds the pieces at a quarter of a tokenisation's cost; only a
         # context that could pass the limit by that bound is counted exactly.
@@ -265,8 +270,11 @@ class Qa(Task):
         # tokenising: heavy parameters send even a short context off the event loop.
         decode = max_len * min(p.max_answer_len, max_len) // 16 + 4 * (2 * p.top_k + 10)
         cost = 0
+        specials = ctx.tokenizer.num_special_tokens_to_add(True)
         for item in items:
-            window, stride = context_window(max_len, min_tokens(item.question), p.doc_stride)
+            window, stride = context_window(
+                max_len, min_tokens(item.question), p.doc_stride, specials
+            )
             window, advance = max(1, window), max(1, window - stride)
             least += windows_needed(min_tokens(item.context), window, advance)
             likely = min(rows, windows_needed(len(item.context) // 4, window, advance))

@@ -348,7 +348,12 @@ def test_what_start_up_made_is_out_of_the_collectors_sight_once_ready(bundle_dir
             "parameters.function: Extra inputs are not permitted",
         ),
         ("/classify", {"text": "x"}, 422, "inputs: Field required"),
-        ("/fill-mask", {"inputs": "no mask here"}, 422, "inputs: has no [MASK] token"),
+        (
+            "/fill-mask",
+            {"inputs": "no mask here"},
+            422,
+            "input has no [MASK] (this model's mask token)",
+        ),
         (
             "/fill-mask",
             {"inputs": "the [MASK]", "parameters": {"targets": ["   "]}},

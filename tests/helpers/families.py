@@ -1,0 +1,105 @@
+"""Tiny checkpoints of the other encoder families, each with a tokenizer of its own kind built
+here (no hub): RoBERTa with byte-level BPE, XLM-RoBERTa with a SentencePiece Unigram, DistilBERT
+and ELECTRA with WordPiece. Saved as `save_pretrained` writes them: config.json,
+model.safetensors, tokenizer.json, special_tokens_map.json, tokenizer_config.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import transformers
+from tokenizers import ByteLevelBPETokenizer, SentencePieceUnigramTokenizer, processors
+
+from tests.helpers.checkpoints import write_vocab
+
+CORPUS = [
+    "The film was good, and the cast was great.",
+    "Who was the first king of France? He was born in Paris.",
+    "A dull movie, a bad year: the dog and the fox went to London.",
+    "Paris is the first city of France. The river of Paris was good.",
+    "Angela Merkel met Jean-Luc in Berlin; O'Neill stayed in New York.",
+    "Aristotle was born in Stagira in 384 BC and studied at Plato's Academy in Athens.",
+    "Café au lait costs 3,50 € in Zürich — naïve prices!",
+]
+ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # ids 0..4: <pad> = 1
+NER_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+TASK_HEADS = {
+    "classify": "ForSequenceClassification",
+    "ner": "ForTokenClassification",
+    "qa": "ForQuestionAnswering",
+    "fill-mask": "ForMaskedLM",
+}
+CLASSES = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "distilbert": "DistilBert"}
+CLASSES["electra"] = "Electra"
+
+
+def tokenizer(family: str, directory: Path) -> transformers.PreTrainedTokenizerFast:
+    directory.mkdir(parents=True, exist_ok=True)
+    if family == "roberta":
+        bpe = ByteLevelBPETokenizer()
+        bpe.train_from_iterator(CORPUS * 4, vocab_size=400, special_tokens=ROBERTA_SPECIALS)
+        bpe.save_model(str(directory))
+        return transformers.RobertaTokenizerFast(
+            str(directory / "vocab.json"), str(directory / "merges.txt")
+        )
+    if family == "xlm-roberta":
+        unigram = SentencePieceUnigramTokenizer()
+        unigram.train_from_iterator(
+            CORPUS * 4, vocab_size=200, special_tokens=ROBERTA_SPECIALS, unk_token="<unk>"
+        )
+        ids = {t: unigram.token_to_id(t) for t in ROBERTA_SPECIALS}
+        unigram.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>",
+            pair="<s> $A </s> </s> $B </s>",
+            special_tokens=[("<s>", ids["<s>"]), ("</s>", ids["</s>"])],
+        )
+        return transformers.XLMRobertaTokenizerFast(
+            tokenizer_object=unigram._tokenizer,
+            bos_token="<s>",
+            eos_token="</s>",
+            sep_token="</s>",
+            cls_token="<s>",
+            unk_token="<unk>",
+            pad_token="<pad>",
+            mask_token="<mask>",
+        )
+    write_vocab(directory / "vocab.txt")
+    cls = transformers.DistilBertTokenizerFast if family == "distilbert" else None
+    cls = cls or transformers.ElectraTokenizerFast
+    return cls(vocab_file=str(directory / "vocab.txt"))
+
+
+def config(family: str, task: str, vocab: int, pad: int) -> transformers.PretrainedConfig:
+    labels = {"classify": ["negative", "positive", "neutral"], "ner": NER_LABELS}.get(task)
+    extra = (
+        {"id2label": dict(enumerate(labels)), "label2id": {v: i for i, v in enumerate(labels)}}
+        if labels
+        else {}
+    )
+    shape = {"vocab_size": vocab, "pad_token_id": pad, "max_position_embeddings": 130} | extra
+    if family == "distilbert":
+        return transformers.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=37, **shape)
+    body = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}
+    body |= {"intermediate_size": 37}
+    if family == "electra":
+        return transformers.ElectraConfig(**body, embedding_size=16, **shape)
+    cls = transformers.RobertaConfig if family == "roberta" else transformers.XLMRobertaConfig
+    return cls(**body, type_vocab_size=1, **shape)
+
+
+def family_checkpoint(root: Path, family: str, task: str, seed: int = 0) -> Path:
+    """A random checkpoint of `family` with the head `task` needs, its heads spread (x20) so
+    that argmax comparisons mean something, and its tokenizer."""
+    directory = root / f"{family}-{task}"
+    tok = tokenizer(family, directory / "tok")
+    torch.manual_seed(seed)
+    cls = getattr(transformers, CLASSES[family] + TASK_HEADS[task])
+    model = cls(config(family, task, len(tok), tok.pad_token_id)).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.startswith(("classifier", "qa_outputs", "pre_classifier")):
+                param.mul_(20)
+    model.save_pretrained(directory, safe_serialization=True)
+    tok.save_pretrained(directory)
+    return directory
