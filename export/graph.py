@@ -79,12 +79,14 @@ def read_pooling(checkpoint: Path) -> dict[str, object]:
 
     config_path = checkpoint / "1_Pooling" / "config.json"
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-    if config.get("pooling_mode_cls_token"):
+    # sentence-transformers 5 writes "pooling_mode": "mean"; earlier ones one flag a mode
+    named = config.get("pooling_mode")
+    if named == "cls" or config.get("pooling_mode_cls_token"):
         mode = "cls"
-    elif config and not config.get("pooling_mode_mean_tokens"):
-        raise ExportError(f"{config_path}: only mean or CLS pooling is supported")
-    else:
+    elif named == "mean" or not config or config.get("pooling_mode_mean_tokens"):
         mode = "mean"
+    else:
+        raise ExportError(f"{config_path}: only mean or CLS pooling is supported")
     modules_path = checkpoint / "modules.json"
     modules = json.loads(modules_path.read_text()) if modules_path.is_file() else []
     normalize = not modules or any(m.get("type", "").endswith("Normalize") for m in modules)

@@ -108,10 +108,12 @@ class ServiceState:
         if name is not None:
             model = self.models.get(name)
             if model is None or task not in model.spec.tasks:
-                serving = [m for m in self.models.values() if task in m.spec.tasks]
+                serving = [m.name for m in self.models.values() if task in m.spec.tasks]
+                if model is None:
+                    raise NotFound(f"no model {name!r}; models for {task}: {serving}")
                 raise NotFound(
-                    f"no model {name!r} serves {task}; models for {task}: "
-                    f"{[m.name for m in serving]}"
+                    f"model {name!r} ({model.spec.architecture.model_type}) has no {task} head: "
+                    f"it serves {', '.join(model.spec.tasks)}; models for {task}: {serving}"
                 )
             return model
         default = self.defaults.get(task)

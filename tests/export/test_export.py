@@ -460,3 +460,26 @@ def test_prompts_come_from_the_sentence_transformers_config(tmp_path):
     config.write_text(json.dumps({"prompts": prompts, "default_prompt_name": "title"}))
     with pytest.raises(ExportError, match="default_prompt_name 'title'"):
         read_prompts(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("pooling", "mode"),
+    [
+        ({"pooling_mode_mean_tokens": True}, "mean"),
+        ({"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}, "cls"),
+        ({"pooling_mode": "mean", "include_prompt": True}, "mean"),  # sentence-transformers 5
+        ({"pooling_mode": "cls"}, "cls"),
+        ({"pooling_mode": "max"}, None),
+        ({"pooling_mode_max_tokens": True, "pooling_mode_mean_tokens": False}, None),
+    ],
+)
+def test_pooling_is_read_in_both_sentence_transformers_formats(tmp_path, pooling, mode):
+    from export.graph import ExportError, read_pooling
+
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    if mode is None:
+        with pytest.raises(ExportError, match="only mean or CLS pooling"):
+            read_pooling(tmp_path)
+    else:
+        assert read_pooling(tmp_path) == {"mode": mode, "normalize": True}

@@ -29,6 +29,8 @@ TASK_HEADS = {
     "ner": "ForTokenClassification",
     "qa": "ForQuestionAnswering",
     "fill-mask": "ForMaskedLM",
+    "rerank": "ForSequenceClassification",  # one output: a cross-encoder
+    "embed": "Model",
 }
 CLASSES = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "distilbert": "DistilBert"}
 CLASSES["electra"] = "Electra"
@@ -77,6 +79,7 @@ def config(family: str, task: str, vocab: int, pad: int) -> transformers.Pretrai
         if labels
         else {}
     )
+    extra |= {"num_labels": 1} if task == "rerank" else {}
     shape = {"vocab_size": vocab, "pad_token_id": pad, "max_position_embeddings": 130} | extra
     if family == "distilbert":
         return transformers.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=37, **shape)
@@ -102,4 +105,10 @@ def family_checkpoint(root: Path, family: str, task: str, seed: int = 0) -> Path
                 param.mul_(20)
     model.save_pretrained(directory, safe_serialization=True)
     tok.save_pretrained(directory)
+    if task == "embed":  # a sentence-transformers directory: mean pooling, normalised
+        from sentence_transformers import SentenceTransformer, models
+
+        encoder = models.Transformer(str(directory))
+        pooling = models.Pooling(encoder.get_word_embedding_dimension(), "mean")
+        SentenceTransformer(modules=[encoder, pooling, models.Normalize()]).save(str(directory))
     return directory

@@ -370,7 +370,7 @@ def test_what_start_up_made_is_out_of_the_collectors_sight_once_ready(bundle_dir
         ("/embed", {"inputs": "x", "truncate": "true"}, 422, "truncate: Input should be a valid"),
         ("/nsp", {"inputs": {"text": "a"}}, 422, "inputs.text_pair: Field required"),
         ("/ner", {"inputs": "x" * 200_001}, 413, "the limit is 100,000"),
-        ("/classify?model=nope", {"inputs": "x"}, 404, "no model 'nope' serves classify"),
+        ("/classify?model=nope", {"inputs": "x"}, 404, "no model 'nope'; models for classify"),
     ],
 )
 def test_bad_input_gets_a_clear_4xx(server, path, body, status, message):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import transformers
 
@@ -18,10 +19,10 @@ from tests.service.test_parity import assert_same, plain
 pytestmark = pytest.mark.slow
 
 SERVED = {
-    "roberta": ("classify", "ner", "qa", "fill-mask"),
-    "xlm-roberta": ("classify", "ner", "qa", "fill-mask"),
-    "distilbert": ("classify", "ner", "qa", "fill-mask"),
-    "electra": ("classify", "qa"),
+    "roberta": ("classify", "ner", "qa", "fill-mask", "embed", "rerank"),
+    "xlm-roberta": ("classify", "ner", "qa", "fill-mask", "rerank"),
+    "distilbert": ("classify", "ner", "qa", "fill-mask", "embed"),
+    "electra": ("classify", "ner", "qa", "fill-mask", "embed", "rerank"),
 }
 CASES = [(f, t) for f, tasks in SERVED.items() for t in tasks]
 
@@ -36,7 +37,10 @@ def checkpoints(tmp_path_factory):
 def server(checkpoints, tmp_path_factory):
     root = tmp_path_factory.mktemp("family-bundles")
     for (family, task), directory in checkpoints.items():
-        build_bundle(directory, [task], root / f"{family}-{task}", max_seq_len=128)
+        spec = build_bundle(directory, [task], root / f"{family}-{task}", max_seq_len=128)
+        # ONNX Runtime's optimiser fuses every family's attention and layer norms
+        assert spec.fused_nodes["Attention"] == 2, (family, task, spec.fused_nodes)
+        assert spec.fused_nodes["SkipLayerNormalization"] == 4, (family, task, spec.fused_nodes)
     with live_server(bundles=root) as live:
         yield live
 
@@ -140,3 +144,39 @@ def test_qa_with_windows(server, checkpoints, family):
             }
             theirs = plain(reference(question=question, context=context, **params, **fixed))
             assert_same(post(server, "/qa", f"{family}-qa", body), theirs)
+
+
+DOCS = ["Paris is the first city of France.", "The film was good.", "A dull movie, a bad year"]
+
+
+@pytest.mark.parametrize("family", [f for f in SERVED if "embed" in SERVED[f]])
+def test_embed_equals_sentence_transformers(server, checkpoints, family):
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(str(checkpoints[(family, "embed")]), device="cpu")
+    expected = reference.encode(DOCS, normalize_embeddings=True)
+    ours = post(server, "/embed", f"{family}-embed", {"inputs": DOCS})
+    np.testing.assert_allclose(np.asarray(ours), expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", [f for f in SERVED if "rerank" in SERVED[f]])
+def test_rerank_equals_cross_encoder(server, checkpoints, family):
+    from sentence_transformers import CrossEncoder
+
+    query = "What is Paris?"
+    model = CrossEncoder(str(checkpoints[(family, "rerank")]), device="cpu")
+    expected = model.predict([(query, d) for d in DOCS])
+    ours = post(server, "/rerank", f"{family}-rerank", {"query": query, "texts": DOCS})
+    scores = {item["index"]: item["score"] for item in ours}
+    np.testing.assert_allclose([scores[i] for i in range(len(DOCS))], expected, atol=1e-4)
+
+
+def test_nsp_on_a_model_without_its_head_names_the_model(server):
+    with server.client() as c:
+        response = c.post(
+            "/nsp",
+            params={"model": "roberta-fill-mask"},
+            json={"inputs": {"text": "a", "text_pair": "b"}},
+        )
+    assert response.status_code == 404
+    assert "model 'roberta-fill-mask' (roberta) has no nsp head" in response.json()["error"]
