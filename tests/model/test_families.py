@@ -146,3 +146,14 @@ def test_what_a_family_lacks_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="embedding_size is an ELECTRA setting"):
         BertConfig(embedding_size=16)
     assert roberta.position_offset == 2 and roberta.max_sequence == 64
+
+
+def test_a_config_without_labels_takes_them_from_the_head(tmp_path):
+    """transformers writes no id2label when it is its default (two labels, LABEL_0/LABEL_1):
+    the classifier's rows give the count, and the names are transformers' defaults."""
+    theirs = transformers.RobertaForSequenceClassification(hf_config("roberta", "x"))
+    theirs.save_pretrained(tmp_path)
+    assert "id2label" not in json.loads((tmp_path / "config.json").read_text())
+    ours = load_model(tmp_path)
+    assert ours.config.id2label == {0: "LABEL_0", 1: "LABEL_1"}
+    assert ours.config.id2label == theirs.config.id2label
