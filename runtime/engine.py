@@ -41,6 +41,9 @@ class EngineOptions:
     providers: str = "auto"  # "auto" (CUDA if this build has it, then CPU) or a list "A,B"
     threads: int = 1  # ONNX Runtime intra-op threads
     spinning: bool = False
+    # With spinning: the threads spin only inside a call and sleep as soon as it ends
+    # (ONNX Runtime's session.force_spinning_stop), so idle sessions leave the cores alone.
+    spin_stop: bool = False
     require_gpu: bool = False
     # CUDA execution provider options (ignored on CPU).
     device_id: int = 0
@@ -136,6 +139,8 @@ class Engine:
         session_options.add_session_config_entry(
             "session.intra_op.allow_spinning", "1" if options.spinning else "0"
         )
+        if options.spinning and options.spin_stop:
+            session_options.add_session_config_entry("session.force_spinning_stop", "1")
         session_options.log_severity_level = 2  # warnings too: caught and re-logged below
         session_options.enable_cpu_mem_arena = options.cpu_arena != "no-arena"
         path = directory / spec.model_file

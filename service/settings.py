@@ -128,6 +128,11 @@ class Settings(BaseSettings):
     intra_op_spinning: bool = Field(
         False, description="let ONNX Runtime's threads busy-wait for work between calls"
     )
+    intra_op_spin_stop: bool = Field(
+        False,
+        description="with intra_op_spinning: threads spin only within a call and sleep when it "
+        "ends",
+    )
     max_batch_rows: int = Field(32, ge=1, description="sequences in one model call")
     max_batch_tokens: int = Field(
         8192, ge=16, description="padded tokens (rows x length) in a call"
@@ -313,6 +318,7 @@ class Settings(BaseSettings):
             providers=self.providers,
             threads=threads,
             spinning=self.intra_op_spinning,
+            spin_stop=self.intra_op_spin_stop,
             require_gpu=self.require_gpu,
             device_id=self.device_id,
             gpu_mem_limit=self.gpu_mem_limit,

@@ -158,6 +158,7 @@ def test_the_cuda_settings_reach_the_provider_options(tmp_path, monkeypatch):
         "USE_TF32": "true",
         "INTRA_OP_THREADS": "3",
         "INTRA_OP_SPINNING": "true",
+        "INTRA_OP_SPIN_STOP": "true",
     }.items():
         monkeypatch.setenv(f"BERTSERVE_{name}", value)
     options = Settings(bundles=tmp_path).engine_options()
@@ -168,7 +169,25 @@ def test_the_cuda_settings_reach_the_provider_options(tmp_path, monkeypatch):
         "cudnn_conv_algo_search": "HEURISTIC",
         "use_tf32": 1,
     }
-    assert (options.threads, options.spinning) == (3, True)
+    assert (options.threads, options.spinning, options.spin_stop) == (3, True, True)
+
+
+def test_spinning_can_stop_with_each_call(bundle_dir):
+    """BERTSERVE_INTRA_OP_SPIN_STOP reaches the session as ONNX Runtime's force_spinning_stop,
+    and only with spinning on."""
+    from runtime.bundle import load_bundle_spec
+    from runtime.engine import Engine, EngineOptions
+
+    directory = bundle_dir / "sentiment"
+    spec = load_bundle_spec(directory)
+    for spinning, stop, expected in ((True, True, "1"), (True, False, ""), (False, True, "")):
+        engine = Engine(directory, spec, EngineOptions("CPUExecutionProvider", 2, spinning, stop))
+        entry = engine.session.get_session_options().get_session_config_entry
+        assert entry("session.intra_op.allow_spinning") == ("1" if spinning else "0")
+        try:
+            assert entry("session.force_spinning_stop") == expected
+        except Exception:  # ORT raises for an entry never set
+            assert expected == ""
 
 
 def test_the_cores_are_the_containers_not_the_hosts(tmp_path, monkeypatch):
