@@ -328,6 +328,41 @@ def mixed(base: str, pid: int, total: int) -> dict[str, Any]:
     return {"warm_mb": warm, "peak_mb": peak[0], "after_mb": rss_mb(pid), "statuses": statuses}
 
 
+def sample_peak(pid: int, peak: list[float], done: threading.Event) -> None:
+    """Keep the largest resident size of `pid` in peak[0] until `done`."""
+    while not done.is_set():
+        peak[0] = max(peak[0], rss_mb(pid))
+        time.sleep(0.005)
+
+
+def alone(base: str, pid: int) -> dict[str, Any]:
+    """Phase 5: each endpoint's heaviest allowed request alone, twice (the second shows what
+    the first left), the worker's resident memory sampled every 5 ms meanwhile: warm, peak
+    and after, in MB."""
+    out: dict[str, Any] = {}
+    with httpx.Client(base_url=base, headers=AUTH, timeout=120) as c:
+        for path, body in heaviest():
+            for attempt in (1, 2):
+                before = rss_mb(pid)
+                peak = [before]
+                done = threading.Event()
+                sampler = threading.Thread(target=sample_peak, args=(pid, peak, done))
+                sampler.start()
+                status, elapsed = post(c, path, body)
+                done.set()
+                sampler.join()
+                time.sleep(1.5)  # the worker's heap trim runs at most once a second
+                out[f"{path} #{attempt}"] = {
+                    "status": status,
+                    "ms": round(1000 * elapsed),
+                    "before_mb": round(before),
+                    "peak_mb": round(peak[0]),
+                    "after_mb": round(rss_mb(pid)),
+                }
+                print(path, attempt, out[f"{path} #{attempt}"], flush=True)
+    return out
+
+
 def report(results: dict[str, Any], tree: Path) -> str:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True
@@ -385,7 +420,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=20, help="phases 2 and 3")
     parser.add_argument("--mixed", type=int, default=10_000, help="phase 4's requests")
     parser.add_argument("--attackers", type=int, default=500)
-    parser.add_argument("--phases", default="1234", help="which phases to run, e.g. 2")
+    parser.add_argument(
+        "--phases",
+        default="1234",
+        help="which phases to run, in this order, e.g. 2; 5 (each endpoint's heaviest request "
+        "alone, the worker's memory around it) only when asked",
+    )
     args = parser.parse_args(argv)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -404,13 +444,16 @@ def main(argv: list[str] | None = None) -> None:
                     "growth_mb": rss_mb(proc.pid) - before,
                 }
                 print(name, results["repros"][name], flush=True)
-        phases = {"2": "expensive", "3": "misbehave", "4": "mixed"}
-        for number, name in phases.items():
-            if number in args.phases:
+        phases = {"2": "expensive", "3": "misbehave", "4": "mixed", "5": "alone"}
+        for number in dict.fromkeys(args.phases):  # in the order given: 54 = 4 after 5
+            name = phases.get(number, "")
+            if name:
                 if name == "expensive":
                     results[name] = expensive_clients(base, args.seconds)
                 elif name == "misbehave":
                     results[name] = misbehave(base, args.attackers, args.seconds)
+                elif name == "alone":
+                    results[name] = alone(base, proc.pid)
                 else:
                     results[name] = mixed(base, proc.pid, args.mixed)
                 print(name, results[name], flush=True)
@@ -418,7 +461,7 @@ def main(argv: list[str] | None = None) -> None:
         proc.terminate()
         proc.wait(timeout=60)
     if args.phases != "1234":
-        return  # a partial run: the figures above, no report
+        return  # a partial run: the figures above, no report (phase 5 is always partial)
     text = report(results, args.tree)
     print(text)
     if args.report:
