@@ -86,6 +86,18 @@ def _rename(key: str, rules: tuple[Rule, ...], side: int) -> str:
     return key
 
 
+def _mlm_rules(dense: str, norm: str, bias: str, decoder: str) -> tuple[Rule, ...]:
+    """The MLM head's rules: their dense layer, LayerNorm, vocabulary bias (our
+    `cls.predictions.bias`) and tied decoder. The bias rule comes first: the decoder's prefix
+    may cover it (DistilBERT's `vocab_projector.bias`)."""
+    return (
+        ("cls.predictions.transform.dense.", dense),
+        ("cls.predictions.transform.LayerNorm.", norm),
+        ("cls.predictions.bias", bias),
+        ("cls.predictions.decoder.", decoder),
+    )
+
+
 def _roberta(model_type: str, classes: str) -> Family:
     """fairseq's BERT: one segment, positions offset past the padding id, an LM head of its own
     names and a sentence head on <s> with its own dense layer (RobertaClassificationHead)."""
@@ -98,10 +110,9 @@ def _roberta(model_type: str, classes: str) -> Family:
         sentence_activation="tanh",
         rules=(
             ("bert.", "roberta."),
-            ("cls.predictions.transform.dense.", "lm_head.dense."),
-            ("cls.predictions.transform.LayerNorm.", "lm_head.layer_norm."),
-            ("cls.predictions.bias", "lm_head.bias"),
-            ("cls.predictions.decoder.", "lm_head.decoder."),
+            *_mlm_rules(
+                "lm_head.dense.", "lm_head.layer_norm.", "lm_head.bias", "lm_head.decoder."
+            ),
         ),
         head_rules={"BertForSequenceClassification": _SENTENCE_HEAD},
     )
@@ -150,10 +161,9 @@ FAMILIES: dict[str, Family] = {
             ),
             ("bert.pooler.dense.", "pre_classifier."),
             ("bert.", "distilbert."),
-            ("cls.predictions.transform.dense.", "vocab_transform."),
-            ("cls.predictions.transform.LayerNorm.", "vocab_layer_norm."),
-            ("cls.predictions.bias", "vocab_projector.bias"),
-            ("cls.predictions.decoder.", "vocab_projector."),
+            *_mlm_rules(
+                "vocab_transform.", "vocab_layer_norm.", "vocab_projector.bias", "vocab_projector."
+            ),
         ),
     ),
     "roberta": _roberta("roberta", "Roberta"),
@@ -169,10 +179,12 @@ FAMILIES: dict[str, Family] = {
         pooler=False,
         rules=(
             ("bert.", "electra."),
-            ("cls.predictions.transform.dense.", "generator_predictions.dense."),
-            ("cls.predictions.transform.LayerNorm.", "generator_predictions.LayerNorm."),
-            ("cls.predictions.bias", "generator_lm_head.bias"),
-            ("cls.predictions.decoder.", "generator_lm_head."),
+            *_mlm_rules(
+                "generator_predictions.dense.",
+                "generator_predictions.LayerNorm.",
+                "generator_lm_head.bias",
+                "generator_lm_head.",
+            ),
         ),
         head_rules={"BertForSequenceClassification": _SENTENCE_HEAD},
         extra_heads={"BertForReplacedTokenDetection": "ElectraForPreTraining"},
