@@ -49,7 +49,8 @@ class Family:
     offset_positions: bool  # positions start after padding_idx (fairseq's convention)
     sentence_activation: str  # of the dense layer on the first token: tanh, relu, gelu
     prefix: str  # the encoder's key prefix in their checkpoints: "roberta." -> our "bert."
-    rules: tuple[Rule, ...] = ()  # every head, after the head's own; (first match wins)
+    # every head's, after the head's own and before the encoder's prefix (first match wins)
+    rules: tuple[Rule, ...] = ()
     head_rules: dict[str, tuple[Rule, ...]] = field(default_factory=dict)  # one head's, first
     extra_heads: dict[str, str] = field(default_factory=dict)  # ours -> theirs, beyond _SUFFIXES
     pooler: bool = True  # whether the bare encoder (BertModel) has one
@@ -71,7 +72,7 @@ class Family:
         return {_rename(k, self._rules(head), 1): v for k, v in state.items()}
 
     def _rules(self, head: str) -> tuple[Rule, ...]:
-        return self.head_rules.get(head, ()) + self.rules
+        return (*self.head_rules.get(head, ()), *self.rules, ("bert.", self.prefix))
 
 
 def _rename(key: str, rules: tuple[Rule, ...], side: int) -> str:
@@ -109,7 +110,6 @@ def _roberta(model_type: str, classes: str) -> Family:
         offset_positions=True,
         sentence_activation="tanh",
         rules=(
-            ("bert.", "roberta."),
             *_mlm_rules(
                 "lm_head.dense.", "lm_head.layer_norm.", "lm_head.bias", "lm_head.decoder."
             ),
@@ -160,7 +160,6 @@ FAMILIES: dict[str, Family] = {
                 ("output.LayerNorm.", "output_layer_norm."),
             ),
             ("bert.pooler.dense.", "pre_classifier."),
-            ("bert.", "distilbert."),
             *_mlm_rules(
                 "vocab_transform.", "vocab_layer_norm.", "vocab_projector.bias", "vocab_projector."
             ),
@@ -178,7 +177,6 @@ FAMILIES: dict[str, Family] = {
         sentence_activation="gelu",
         pooler=False,
         rules=(
-            ("bert.", "electra."),
             *_mlm_rules(
                 "generator_predictions.dense.",
                 "generator_predictions.LayerNorm.",
