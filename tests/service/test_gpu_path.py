@@ -172,25 +172,6 @@ def test_the_cuda_settings_reach_the_provider_options(tmp_path, monkeypatch):
     assert (options.threads, options.spinning, options.spin_stop) == (3, True, True)
 
 
-def test_spinning_can_stop_with_each_call(bundle_dir):
-    """BERTSERVE_INTRA_OP_SPIN_STOP reaches the session as ONNX Runtime's force_spinning_stop,
-    and only with spinning on."""
-    from runtime.bundle import load_bundle_spec
-    from runtime.engine import Engine, EngineOptions
-
-    directory = bundle_dir / "sentiment"
-    spec = load_bundle_spec(directory)
-    for spinning, stop, expected in ((True, True, "1"), (True, False, ""), (False, True, "")):
-        engine = Engine(directory, spec, EngineOptions("CPUExecutionProvider", 2, spinning, stop))
-        entry = engine.session.get_session_options().get_session_config_entry
-        assert entry("session.intra_op.allow_spinning") == ("1" if spinning else "0")
-        try:
-            stop = entry("session.force_spinning_stop")
-        except Exception:  # ORT raises for an entry never set
-            stop = ""
-        assert stop == expected
-
-
 def test_the_cores_are_the_containers_not_the_hosts(tmp_path, monkeypatch):
     """A container's CPU quota caps the default worker count (os.cpu_count() is the host's)."""
     from service.settings import Settings, available_cores

@@ -17,8 +17,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from runtime.batching import gather
 from service import server as server_module
-from service.errors import NotReady
+from service.asgi import CONNECTION_LOST, disconnect_watch
+from service.errors import ClientGone, NotReady
 from service.protocol import encode
 from service.server import ACCEPT_BURST, accept_share
 from tests.helpers.server import live_server
@@ -618,3 +620,27 @@ def test_sigterm_during_start_up_ends_the_process(bundle_dir):
 
     asyncio.run(drain_before_start())
     assert server.should_exit
+
+
+def test_the_disconnect_comes_from_the_protocol_or_from_watching_receive():
+    """Under bertserve's protocol a request gets its connection's future; under any other ASGI
+    server, a watch of `receive` that ends at "http.disconnect" and then cancels the rows."""
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        lost = loop.create_future()
+        scope = {"type": "http", "extensions": {CONNECTION_LOST: {"future": lost}}}
+        assert disconnect_watch(scope, None) is lost
+        messages: asyncio.Queue = asyncio.Queue()
+        watch = disconnect_watch({"type": "http"}, messages.get)
+        rows = [loop.create_future()]
+        waiting = asyncio.ensure_future(gather(rows, asyncio.ensure_future(watch())))
+        await messages.put({"type": "http.request", "body": b""})  # not a disconnect
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        await messages.put({"type": "http.disconnect"})
+        with pytest.raises(ClientGone):
+            await waiting
+        return rows
+
+    assert asyncio.run(run())[0].cancelled()

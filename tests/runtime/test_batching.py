@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from runtime.batching import (
     Batcher,
@@ -20,10 +22,36 @@ from runtime.batching import (
     cheapest_prefix,
     gather,
 )
-from service.asgi import CONNECTION_LOST, disconnect_watch
-from service.errors import ClientGone, DeadlineExceeded, Overloaded
-from service.metrics import Metrics
-from service.settings import Settings
+from runtime.errors import ClientGone, DeadlineExceeded, Overloaded
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The batcher's limits (runtime.batching.Limits), at the service's defaults."""
+
+    max_batch_rows: int = 32
+    max_batch_tokens: int = 8192
+    max_wait_ms: float = 0.0
+    split_batches: bool = True
+    max_queue_rows: int = 512
+    max_queue_wait_ms: float = 500.0
+    max_queue_time_ms: float = 750.0
+    max_bulk_queue_rows: int = 4096
+    request_timeout_s: float = 30.0
+
+
+class Metrics:
+    """The Prometheus families the batcher reports to (runtime.batching.BatchMetrics), in a
+    registry of their own."""
+
+    def __init__(self) -> None:
+        r = CollectorRegistry()
+        self.dropped = Counter("dropped", "", ["model", "reason"], registry=r)
+        self.queue_depth = Gauge("queue_depth", "", ["model"], registry=r)
+        self.batch_rows = Histogram("batch_rows", "", ["model"], registry=r)
+        self.batch_tokens = Histogram("batch_tokens", "", ["model"], registry=r)
+        self.padding = Histogram("padding", "", ["model"], registry=r)
+        self.failed_batches = Counter("failed_batches", "", ["model"], registry=r)
 
 
 def select(lengths, *, rows=4, tokens=1000, cancelled=(), expired=(), cost=None, split=True):
@@ -50,11 +78,6 @@ def select(lengths, *, rows=4, tokens=1000, cancelled=(), expired=(), cost=None,
         return [len(i.row) for i in batch], [len(i.row) for i in batcher._items], items
 
     return asyncio.run(run())
-
-
-@pytest.fixture(autouse=True)
-def bundles_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("BERTSERVE_BUNDLES", str(tmp_path))
 
 
 def test_oldest_first_then_closest_in_length():
@@ -284,27 +307,3 @@ def test_rows_in_a_hung_call_and_behind_it_get_504_at_the_deadline():
     assert [type(r) for r in results] == [DeadlineExceeded, DeadlineExceeded]
     assert str(results[0]) == "model m: no result within 0.3 s"
     assert 0.3 <= elapsed < 0.6  # the deadline plus at most a tenth of it, well before 1 s
-
-
-def test_the_disconnect_comes_from_the_protocol_or_from_watching_receive():
-    """Under bertserve's protocol a request gets its connection's future; under any other ASGI
-    server, a watch of `receive` that ends at "http.disconnect" and then cancels the rows."""
-
-    async def run():
-        loop = asyncio.get_running_loop()
-        lost = loop.create_future()
-        scope = {"type": "http", "extensions": {CONNECTION_LOST: {"future": lost}}}
-        assert disconnect_watch(scope, None) is lost
-        messages: asyncio.Queue = asyncio.Queue()
-        watch = disconnect_watch({"type": "http"}, messages.get)
-        rows = [loop.create_future()]
-        waiting = asyncio.ensure_future(gather(rows, asyncio.ensure_future(watch())))
-        await messages.put({"type": "http.request", "body": b""})  # not a disconnect
-        await asyncio.sleep(0.01)
-        assert not waiting.done()
-        await messages.put({"type": "http.disconnect"})
-        with pytest.raises(ClientGone):
-            await waiting
-        return rows
-
-    assert asyncio.run(run())[0].cancelled()
