@@ -147,8 +147,6 @@ def postprocess(
     unk = ctx.spec.tokenizer.unk_id
     ignore = frozenset(ignore_labels)
     front = len(ctx.special_frame[0])
-    # transformers' test: a tokenizer that marks continuations ("##" WordPiece) tells a word's
-    # later pieces by their length; any other (byte-level BPE, Unigram) by no space before them
     word_aware = bool(getattr(ctx.tokenizer.model, "continuing_subword_prefix", None))
     out, cursor = [], 0
     for item in inputs:
@@ -160,12 +158,9 @@ def postprocess(
             zip(item.encoding.ids, item.encoding.tokens, item.encoding.offsets, strict=True)
         ):
             word_ref = item.text[start:end]
-            if word_aware:
-                is_subword = len(token) != len(word_ref)  # "##ing" vs "ing"
-            else:
-                is_subword = start > 0 and " " not in item.text[start - 1 : start + 1]
+            is_subword = piece_is_subword(word_aware, token, item.text, start, end, token_id == unk)
             if token_id == unk:
-                token, is_subword = word_ref, False
+                token = word_ref
             # transformers counts the leading specials in the index of a token
             pre.append(
                 {
@@ -179,6 +174,20 @@ def postprocess(
             )
         out.append(aggregate(ctx, pre, strategy, labels, ignore))
     return out
+
+
+def piece_is_subword(
+    word_aware: bool, token: str, text: str, start: int, end: int, unknown: bool
+) -> bool:
+    """transformers' test for a piece that continues a word: a tokenizer that marks continuations
+    ("##" WordPiece) tells them by their length, any other (byte-level BPE, Unigram) by no space
+    before them; an unknown piece always starts a word. Training labels exactly the pieces this
+    calls word starts (model.training.data.tasks.align_labels)."""
+    if unknown:
+        return False
+    if word_aware:
+        return len(token) != end - start  # "##ing" vs "ing"
+    return start > 0 and " " not in text[start - 1 : start + 1]
 
 
 def aggregate(

@@ -19,6 +19,7 @@ from runtime.encoding import (
     case_type,
     case_type_ids,
 )
+from runtime.tasks.ner import piece_is_subword
 from runtime.tasks.qa import decode_spans
 from tests.conftest import BERT_VOCAB, shared_data
 
@@ -40,9 +41,12 @@ def test_iob1_to_bio():
     ]
 
 
-def test_ner_labels_go_on_the_first_piece_of_each_word(tok):
-    words = ["Unaffable", "U.S.", "1996-08-22", "(", "Reuters", ")", "don't"]
-    tags = ["B-PER", "B-LOC", "O", "O", "B-ORG", "O", "O"]
+def test_ner_labels_go_on_every_piece_the_served_aggregation_reads_as_a_word(tok):
+    """A CoNLL word that /ner's aggregation splits at punctuation ("U.S." -> u . s .) is
+    labelled on each part: B on the first, I on the rest of the same entity, O stays O; a word's
+    "##" continuations stay unlabelled, as "first" aggregation never reads them."""
+    words = ["Unaffable", "U.S.", "1996-08-22", "(", "Reuters", ")", "don't", "AL-AIN"]
+    tags = ["B-PER", "B-LOC", "O", "O", "B-ORG", "O", "O", "I-LOC"]
     label2id = {t: i for i, t in enumerate(data.CONLL_LABELS)}
     ids, labels, types = data.align_labels(tok, words, tags, label2id, 128)
     assert types == [0] * len(ids)
@@ -55,15 +59,29 @@ def test_ner_labels_go_on_the_first_piece_of_each_word(tok):
     assert labelled == [
         ("una", "B-PER"),
         ("u", "B-LOC"),
-        ("1996", "O"),
-        ("(", "O"),
+        (".", "I-LOC"),
+        ("s", "I-LOC"),
+        (".", "I-LOC"),
+        *[(p, "O") for p in ("1996", "-", "08", "-", "22", "(")],
         ("reuters", "B-ORG"),
         (")", "O"),
         ("don", "O"),
+        ("'", "O"),
+        ("t", "O"),
+        ("al", "I-LOC"),
+        ("-", "I-LOC"),
+        ("ain", "I-LOC"),
     ]
     assert pieces[0] == "[CLS]" and pieces[-1] == "[SEP]"
     assert labels[0] == labels[-1] == data.IGNORE
-    assert sum(lab != data.IGNORE for lab in labels) == len(words)  # one label a word
+    # exactly the pieces the served aggregation reads as words carry a label
+    text = " ".join(words)
+    enc = tok.tokenizer.encode(text, add_special_tokens=False)
+    served = [
+        not piece_is_subword(True, t, text, s, e, i == tok.unk_id)
+        for i, t, (s, e) in zip(enc.ids, enc.tokens, enc.offsets, strict=True)
+    ]
+    assert [lab != data.IGNORE for lab in labels[1:-1]] == served
     cut_ids, cut_labels, _ = data.align_labels(tok, words, tags, label2id, 8)
     assert len(cut_ids) == 8 and cut_ids[-1] == tok.sep_id and cut_labels[-1] == data.IGNORE
 

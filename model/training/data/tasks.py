@@ -14,6 +14,7 @@ from pathlib import Path
 
 from model.tokenizer import BertTokenizer, Encoding
 from runtime.encoding import CASE_UNKNOWN, case_type, case_unknown
+from runtime.tasks.ner import piece_is_subword
 
 IGNORE = -100
 
@@ -99,16 +100,30 @@ def align_labels(
     max_len: int,
     case_types: int = 0,
 ) -> tuple[list[int], list[int], list[int]]:
-    """Word pieces of a pre-split sentence and their labels: the first piece of each word carries
-    the word's tag, the other pieces, [CLS] and [SEP] get -100. Returns (ids, labels, segment
-    ids): zeros, or with `case_types` (a scheme, runtime/tasks/ner.py) each piece's letter case
-    as the service computes it."""
+    """Word pieces of a pre-split sentence and their labels, given where /ner's aggregation
+    reads them: every piece it takes for a word's start (runtime.tasks.ner.piece_is_subword)
+    carries a label, so "AL-AIN" (al, -, ain) is B-LOC, I-LOC, I-LOC rather than B-LOC and two
+    pieces never trained. A word's continuations ("##ain"), [CLS] and [SEP] get -100. Returns
+    (ids, labels, segment ids): zeros, or with `case_types` (a scheme, runtime/tasks/ner.py) each
+    piece's letter case as the service computes it."""
     enc = tokenizer.tokenizer.encode(words, is_pretokenized=True)
+    word_aware = bool(getattr(tokenizer.tokenizer.model, "continuing_subword_prefix", None))
     unknown = case_unknown(case_types, "".join(words))
     ids, labels, types, previous = [], [], [], None
-    for token_id, word, (start, end) in zip(enc.ids, enc.word_ids, enc.offsets, strict=True):
+    for token_id, token, word, (start, end) in zip(
+        enc.ids, enc.tokens, enc.word_ids, enc.offsets, strict=True
+    ):
         ids.append(token_id)
-        labels.append(IGNORE if word is None or word == previous else label2id[tags[word]])
+        if word is None:
+            labels.append(IGNORE)
+        elif word != previous:
+            labels.append(label2id[tags[word]])
+        elif piece_is_subword(
+            word_aware, token, words[word], start, end, token_id == tokenizer.unk_id
+        ):
+            labels.append(IGNORE)
+        else:  # a later word of the same CoNLL word, as the aggregation splits it at punctuation
+            labels.append(label2id[inside(tags[word])])
         if not case_types or word is None:
             types.append(0)
         else:  # a pre-split word's pieces have offsets into the word
@@ -118,6 +133,11 @@ def align_labels(
         ids, labels = [*ids[: max_len - 1], ids[-1]], [*labels[: max_len - 1], IGNORE]
         types = [*types[: max_len - 1], 0]
     return ids, labels, types
+
+
+def inside(tag: str) -> str:
+    """The tag of an entity's later words: B-X -> I-X; I-X and O stay."""
+    return "I-" + tag[2:] if tag.startswith("B-") else tag
 
 
 # --- QA -------------------------------------------------------------------------------------------
