@@ -410,11 +410,11 @@ def distil(
     paired, counts = paired_features(
         task, s_tok, t_tok, data_dir, recipe, labels or [], teacher_cased, student_cased
     )
-    dev, dev_examples = build_features(
+    dev, _ = build_features(
         task, s_tok, data_dir, "dev", recipe, labels or [], case_types=student_cased
     )
     if recipe.dev_limit:
-        dev, dev_examples = dev.head(recipe.dev_limit), dev_examples[: recipe.dev_limit]
+        dev = dev.head(recipe.dev_limit)
     distiller = Distiller(student, teacher_config)
     hooks = (
         LayerOutputs(student),
@@ -440,7 +440,7 @@ def distil(
         s_tok.save(out)
 
     def evaluate() -> dict[str, float]:
-        result = dev_metric(task, student, dev, dev_examples, labels, s_tok.pad_id)
+        result = dev_metric(task, student, dev, labels, s_tok.pad_id)
         hooks[0].take()  # the evaluation's layer outputs are not hints
         return result
 

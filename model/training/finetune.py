@@ -228,13 +228,12 @@ def dev_metric(
     task: str,
     model: BertPreTrainedModel,
     features: Features,
-    examples: list[Any],
     labels: list[str] | None,
     pad_id: int,
 ) -> dict[str, float]:
     model.eval()
     order = np.arange(len(features))
-    losses, predictions = [], []
+    losses, predictions, golds = [], [], []
     for start in range(0, len(order), 64):
         rows = order[start : start + 64]
         batch = batch_tensors(features, rows, pad_id)
@@ -242,22 +241,20 @@ def dev_metric(
         losses.append(float(out.loss) * len(rows))
         if task == "classify":
             predictions.extend(out.logits.argmax(-1).tolist())
-        elif task == "ner":
+        elif task == "ner" and labels:  # at the labelled pieces: the words /ner reads
             for j, i in enumerate(rows):
                 gold = features.targets["labels"][i]
                 pred = out.logits[j].argmax(-1).tolist()
+                golds.append([labels[g] for g in gold if g != data.IGNORE])
                 predictions.append(
                     [labels[p] for p, g in zip(pred, gold, strict=False) if g != data.IGNORE]
-                    if labels
-                    else []
                 )
     model.train()
     result = {"dev_loss": sum(losses) / max(1, len(features))}
     if task == "classify":
         result["dev_metric"] = accuracy(features.targets["labels"], predictions)
     elif task == "ner":
-        gold = [s.tags[: len(p)] for s, p in zip(examples, predictions, strict=True)]
-        result["dev_metric"] = entity_f1(gold, predictions)["f1"]
+        result["dev_metric"] = entity_f1(golds, predictions)["f1"]
     else:
         result["dev_metric"] = -result["dev_loss"]  # SQuAD EM/F1 comes from `evaluate`
     return result
@@ -383,12 +380,9 @@ def finetune(
     )
     if recipe.case_dropout:
         drop_case(train, recipe.case_dropout, recipe.seed, cased)
-    dev, dev_examples = build_features(
-        task, tok, data_dir, "dev", recipe, labels or [], case_types=cased
-    )
-    if recipe.dev_limit:  # the first rows (and, for classify/ner, their examples: one a row)
+    dev, _ = build_features(task, tok, data_dir, "dev", recipe, labels or [], case_types=cased)
+    if recipe.dev_limit:  # the first rows
         dev = dev.head(recipe.dev_limit)
-        dev_examples = dev_examples[: recipe.dev_limit]
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipe.json").write_text(
@@ -411,7 +405,7 @@ def finetune(
         recipe,
         train,
         loss_of,
-        lambda: dev_metric(task, model, dev, dev_examples, labels, tok.pad_id),
+        lambda: dev_metric(task, model, dev, labels, tok.pad_id),
         save,
         out,
         f"{task} ({recipe.name}, init {'random' if random_init else 'pre-trained'})",

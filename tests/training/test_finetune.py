@@ -28,7 +28,8 @@ def write_data(root):
     conll = root / "conll2003"
     conll.mkdir()
     sentence = (
-        "paris I-LOC\nis O\nin O\nfrance I-LOC\n. O\n\nthe O\nking I-PER\nfox I-PER\nwas O\n\n"
+        "paris I-LOC\nis O\nin O\nfrance I-LOC\n. O\n\nthe O\nking I-PER\nfox I-PER\nwas O\n"
+        "in O\nal-ain I-LOC\n\n"  # a word /ner reads as three: al / - / ain
     )
     for name in ("eng.train", "eng.testa", "eng.testb"):
         (conll / name).write_text(
