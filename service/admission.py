@@ -1,7 +1,8 @@
 """Admission: whether a request is answered at once (503 draining or past a cap, 429 when every
 model for its task is full) before its body is read. One decision a request
-(ServiceState.admit): where the HTTP protocol reads its headers (service.protocol), or, for a
-request the protocol did not see, in the outermost middleware (service.app)."""
+(ServiceState.admit), made by one entrance: the HTTP protocol (service.protocol), where it reads
+the request's headers, or for a request pipelined behind another, when its turn comes. The app
+runs only what was admitted; served by any other ASGI server, it admits everything."""
 
 from __future__ import annotations
 
@@ -42,8 +43,7 @@ class Admission:
         self, state: ServiceState, method: str, path: str, connections: int = 0
     ) -> ServiceError | None:
         """Why this request is answered at once, before its body is parsed (None: it is admitted).
-        Made once a request, by whichever entrance sees it first: the HTTP protocol
-        (service.protocol: no ASGI task at all) or the outermost middleware. The probes and
+        Made once a request, by the HTTP protocol (service.protocol). The probes and
         /metrics always pass; the API key is checked after this, so an overloaded or draining
         service refuses unauthenticated requests the same way."""
         if path in PUBLIC_PATHS:

@@ -133,20 +133,14 @@ class RequestContext:
 
         metrics = self.state.metrics
         app = self.app
-        # The gate (service.admission), decided once a request: by the protocol from the headers
-        # (service.protocol, which then marks the scope), or here for a request it did not see
-        # (a pipelined one, or any other server). Then the API key, before the body is read.
-        # The probes and /metrics answer from memory and hold no slot: no number of them can
-        # crowd out keyed work.
+        # The gate (service.admission) is the protocol's (service.protocol): what reaches the
+        # app was admitted there, and an API request holds an in-flight slot until it is
+        # answered. The probes and /metrics answer from memory and hold no slot: no number of
+        # them can crowd out keyed work. Then the API key, before the body is read.
         path = scope["path"]
-        counted = path not in PUBLIC_PATHS
-        admitted = ADMITTED in scope.get("extensions", {})
-        refusal = None if admitted else self.state.admit(scope["method"], path)
-        counted = counted and refusal is None
+        counted = path not in PUBLIC_PATHS and ADMITTED in scope.get("extensions", {})
         keys = self.metrics_keys if path == "/metrics" else self.keys
-        if refusal is not None:
-            app = service_error_response(refusal, metrics)
-        elif keys and (path not in PUBLIC_PATHS or path == "/metrics"):
+        if keys and (path not in PUBLIC_PATHS or path == "/metrics"):
             try:
                 check_key(keys, authorizations(scope["headers"]))
             except Unauthorized as exc:

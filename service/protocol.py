@@ -10,13 +10,14 @@ task (so they cost a few microseconds, not a request's worth of Python):
   request on it carries a valid key. Past `max_anonymous` of the others, or past the process's
   connection cap, the oldest idle anonymous ones are closed, so clients without a key cannot
   take the connections keyed clients need;
-- the gate (`ServiceState.admit`, decided once a request): while the service drains, or when
-  it is past its in-flight or connection cap, or every model for the path has a full queue, the
-  request is answered here with a pre-encoded 503/429 and `Retry-After` once its bytes are in,
-  and its body is dropped unread into the parser; an admitted one takes its in-flight slot here,
-  so a burst read in one loop turn cannot pass the cap. Under 5x overload this is what keeps
-  every answer an HTTP answer: the event loop refuses at tens of thousands a second instead of
-  a few thousand.
+- the gate (`ServiceState.admit`, decided once a request, here and nowhere else): while the
+  service drains, or when it is past its in-flight or connection cap, or every model for the
+  path has a full queue, the request is answered here with a pre-encoded 503/429 and
+  `Retry-After` once its bytes are in, and its body is dropped unread into the parser; an
+  admitted one takes its in-flight slot here, so a burst read in one loop turn cannot pass the
+  cap. A request pipelined behind another meets the gate when its turn comes. Under 5x
+  overload this is what keeps every answer an HTTP answer: the event loop refuses at tens of
+  thousands a second instead of a few thousand.
 
 The body's own timeout is the app's (service.app.BodyLimit)."""
 
@@ -41,16 +42,35 @@ from service.auth import authorizations, authorized
 from service.errors import HeadersTooLarge, NotReady, RequestTimeout, ServiceError
 
 
+def response_parts(
+    error: ServiceError, request_id: bytes | None = None
+) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """A typed error's headers and body, as the app's error response has them."""
+    body = orjson.dumps({"error": error.message, "error_type": error.error_type})
+    headers = [(b"content-type", b"application/json")]
+    headers += [
+        (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()
+    ]
+    if request_id:
+        headers.append((b"x-request-id", request_id))
+    headers.append((b"content-length", b"%d" % len(body)))
+    return headers, body
+
+
 def encode(error: ServiceError, request_id: bytes | None = None) -> bytes:
     """A typed error as the whole HTTP/1.1 response the app would send for it."""
-    body = orjson.dumps({"error": error.message, "error_type": error.error_type})
+    headers, body = response_parts(error, request_id)
     reason = HTTPStatus(error.status).phrase.encode("ascii")
-    lines = [b"HTTP/1.1 %d %s" % (error.status, reason), b"content-type: application/json"]
-    lines += [f"{k.lower()}: {v}".encode("latin-1") for k, v in error.headers.items()]
-    if request_id:
-        lines.append(b"x-request-id: " + request_id)
-    lines.append(b"content-length: %d" % len(body))
+    lines = [b"HTTP/1.1 %d %s" % (error.status, reason), *(k + b": " + v for k, v in headers)]
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def request_id_of(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The client's X-Request-ID where it is safe to echo, else None."""
+    given = dict(headers).get(b"x-request-id")
+    if given is None or not SAFE_ID.fullmatch(given.decode("latin-1")):
+        return None
+    return given
 
 
 TIMEOUT_RESPONSE = encode(
@@ -272,15 +292,35 @@ class GuardedProtocol(HttpToolsProtocol):
             if "%" in path:  # the path the app routes on, as uvicorn decodes it
                 path = urllib.parse.unquote(path)
             # Last, the gate: an admitted API request holds its in-flight slot from here on.
-            refusal: ServiceError | None = ANONYMOUS_CROWDED if policy.crowded(self) else None
-            refusal = refusal or self.gate(method, path, len(self.connections))
+            refusal = self._decide(method, path)
             if refusal is not None:
                 self._refusal, self._refusal_path = refusal, path
                 return
-            self.scope.setdefault("extensions", {})[ADMITTED] = {}  # the app does not decide again
+            self.scope.setdefault("extensions", {})[ADMITTED] = {}
         super().on_headers_complete()
         if type(self.cycle) is RequestResponseCycle:
             self.cycle.__class__ = OneWriteCycle
+
+    def _decide(self, method: str, path: str) -> ServiceError | None:
+        """The gate, once a request: why it is answered at once, or None (admitted)."""
+        crowded = ANONYMOUS_CROWDED if self.policy.crowded(self) else None
+        return crowded or self.gate(method, path, len(self.connections))  # type: ignore[misc]
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        """A request pipelined behind another meets the gate here, when its turn comes: at its
+        headers it would have taken a slot while it waited, and its refusal could not be
+        written before the answer ahead of it. A refusal is sent as the app's error response."""
+        extensions = cycle.scope.setdefault("extensions", {})
+        if self.gate is not None and ADMITTED not in extensions:
+            path = cycle.scope["path"]
+            refusal = self._decide(cycle.scope["method"], path)
+            if refusal is None:
+                extensions[ADMITTED] = {}
+            else:
+                if self.refused is not None:
+                    self.refused(path, refusal)
+                app = refusal_app(refusal)
+        super()._start_asgi_task(cycle, app)
 
     def on_body(self, body: bytes) -> None:
         if self._refusal is None:
@@ -296,10 +336,7 @@ class GuardedProtocol(HttpToolsProtocol):
             self.refused(self._refusal_path, refusal)
         if self.transport.is_closing():
             return
-        request_id = dict(self.headers).get(b"x-request-id")
-        if request_id is not None and not SAFE_ID.fullmatch(request_id.decode("latin-1")):
-            request_id = None
-        response = encode(refusal, request_id)
+        response = encode(refusal, request_id_of(self.headers))
         close = refusal.headers.get("Connection") == "close" or not self.parser.should_keep_alive()
         # Held for refusal_delay also when the connection closes after it: a client that sends
         # `Connection: close` must not get its refusals faster than one that keeps it open.
@@ -326,6 +363,17 @@ class GuardedProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.timeout_keep_alive, self.timeout_keep_alive_handler
             )
+
+
+def refusal_app(refusal: ServiceError) -> Callable[..., Any]:
+    """An ASGI app that answers the gate's refusal as `encode` writes it."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Callable[..., Any]) -> None:
+        headers, body = response_parts(refusal, request_id_of(scope["headers"]))
+        await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
 
 
 class _Collect:

@@ -130,36 +130,59 @@ def test_a_refusal_never_reaches_the_app_and_keeps_the_connection(bundle_dir, ca
         assert metric(live, "bertserve_errors_total", error_type="unavailable") == 1
 
 
-def test_the_protocol_and_the_middleware_answer_a_refusal_alike(bundle_dir):
-    """Two entrances, one decision (ServiceState.admit): the bytes the protocol writes carry
-    what the app's own error response carries (for requests the protocol does not see)."""
+def test_a_pipelined_request_meets_the_gate_when_its_turn_comes(bundle_dir):
+    """The gate is the protocol's alone. A request pipelined behind another is decided when it
+    is dispatched, not at its headers: here the service starts draining while the first is
+    being answered, so the second gets the draining 503, the same bytes a request read first
+    gets, after the first's 200 and before the close."""
     with live_server(bundles=bundle_dir) as live:
-        live.state.draining = True
+        gate = threading.Event()
+        wrap(live, "sentiment", gate=gate)
         with connect(live) as sock:
-            sock.sendall(post("/classify"))
-            status, headers, body = read_response(sock)
+            sock.sendall(
+                post("/classify", x_request_id="first") + post("/classify", x_request_id="second")
+            )
+            asyncio.run(until(lambda: live.state.in_flight == 1))
+            live.state.draining = True
+            gate.set()
+            (first, _, _), (status, headers, body) = read_responses(sock, 2)
             assert closed_by_server(sock)  # draining: the client should go elsewhere
-        from service.app import create_app
-        from service.settings import Settings
+        assert first == 200 and live.state.in_flight == 0
+        with connect(live) as sock:  # read first: the protocol's pre-encoded refusal
+            sock.sendall(post("/classify", x_request_id="second"))
+            expected = read_response(sock)
+    assert status == expected[0] == 503
+    assert json.loads(body) == json.loads(expected[2])
+    for name in ("connection", "retry-after", "content-type", "x-request-id"):
+        assert headers[name] == expected[1][name], name
+    assert headers["x-request-id"] == "second"
 
-        app = create_app(Settings(bundles=bundle_dir))  # no server: the middleware answers
-        app.state.service.draining = True
-        transport = httpx.ASGITransport(app=app)
 
-        async def via_app():
+def test_the_app_admits_what_it_is_given_without_the_protocol(bundle_dir):
+    """Served by another ASGI server, the app has no gate: the protocol is the only entrance
+    that refuses. Past the in-flight cap, the app still answers what it is given, and counts
+    no slot for it."""
+    from service.app import create_app
+    from service.settings import Settings
+
+    app = create_app(Settings(bundles=bundle_dir))
+    transport = httpx.ASGITransport(app=app)
+
+    async def via_app():
+        async with app.router.lifespan_context(app):
+            await until(lambda: app.state.service.warmed)
+            app.state.service.in_flight = 10**6  # far past max_in_flight
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
                 return await c.post("/classify", json={"inputs": "x"})
 
-        expected = asyncio.run(via_app())
-    assert status == expected.status_code == 503
-    assert json.loads(body) == expected.json()
-    assert headers["connection"] == expected.headers["connection"] == "close"
-    assert headers["retry-after"] == expected.headers["retry-after"] == "1"
+    answer = asyncio.run(via_app())
+    assert answer.status_code == 200, answer.text
+    assert answer.json()[0]["label"] and app.state.service.in_flight == 10**6
 
 
 def test_each_request_meets_the_gate_once(bundle_dir):
-    """One admission decision a request: the protocol's for a request it reads first, the
-    middleware's for one pipelined behind another, never both."""
+    """One admission decision a request, the protocol's: at its headers for a request it reads
+    first, at its turn for one pipelined behind another."""
     with live_server(bundles=bundle_dir) as live:
         admission = live.state.admission
         decided: list[str] = []
@@ -175,7 +198,7 @@ def test_each_request_meets_the_gate_once(bundle_dir):
                 for _ in range(2):  # one at a time: the protocol decides
                     sock.sendall(post("/classify"))
                     assert read_response(sock)[0] == 200
-                sock.sendall(post("/classify") * 3)  # pipelined: the middleware decides two
+                sock.sendall(post("/classify") * 3)  # pipelined: two decided at their turn
                 assert [r[0] for r in read_responses(sock, 3)] == [200, 200, 200]
         finally:
             admission.refusal = refusal
@@ -586,6 +609,7 @@ def test_the_private_uvicorn_hooks_the_protocol_uses_are_there():
         "on_message_complete",
         "timeout_keep_alive_handler",
         "shutdown",
+        "_start_asgi_task",  # every dispatch, the pipelined ones' too: where those meet the gate
     ):
         assert callable(getattr(HttpToolsProtocol, method, None)), f"{pinned}: no {method}"
     protocol = inspect.getsource(HttpToolsProtocol)
