@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from tokenizers import Encoding
 
 from runtime.batching import Row, RowResult
-from runtime.errors import InvalidInput, TooLarge
+from runtime.errors import TooLarge
 from runtime.schemas import STRICT, Int, Params, Request, Text
 from runtime.tasks.common import (
     Task,
@@ -47,7 +47,12 @@ class QaParams(Params):
     )
     max_answer_len: Int = Field(15, ge=1, le=512)
     max_seq_len: Int = Field(384, ge=16, le=512, description="capped at the model's length")
-    max_question_len: Int = Field(64, ge=1)
+    max_question_len: Int = Field(
+        64,
+        ge=1,
+        description="a longer question is cut to its first max_question_len tokens (as BERT's "
+        "SQuAD code does), and to at most half of max_seq_len",
+    )
     handle_impossible_answer: bool = False
 
 
@@ -95,17 +100,9 @@ def preprocess(
         checkpoint()
         ctx.check_text(question, "question")
         ctx.check_text(context, "context")
-        question_len = len(tokenize(ctx.tokenizer, question, add_special_tokens=False))
-        if question_len > max_question_len:
-            raise InvalidInput(
-                f"question is {question_len} tokens; the limit is "
-                f"{max_question_len} (max_question_len)"
-            )
-        if question_len + specials + 1 > max_seq_len:
-            raise InvalidInput(
-                f"question of {question_len} tokens leaves no room for context "
-                f"in max_seq_len {max_seq_len}"
-            )
+        question, question_len = cut_question(
+            ctx, question, min(max_question_len, (max_seq_len - specials) // 2)
+        )
         window, stride = context_window(max_seq_len, question_len, doc_stride, specials)
         # Count the windows before making them: the tokenizer's overflow builds every one. The
         # normalised length bounds the pieces at a quarter of a tokenisation's cost; only a
@@ -121,6 +118,17 @@ def preprocess(
         inputs.append(QaWindows(context, windows))
         rows.extend(row(w) for w in windows)
     return inputs, rows
+
+
+def cut_question(ctx: TaskContext, question: str, most: int) -> tuple[str, int]:
+    """The question cut at a piece boundary to at most `most` pieces, and its length in pieces."""
+    pieces = tokenize(ctx.tokenizer, question, add_special_tokens=False)
+    n = len(pieces)
+    while n > most:
+        question = question[: pieces.offsets[most - 1][1]]
+        pieces = tokenize(ctx.tokenizer, question, add_special_tokens=False)
+        n, most = len(pieces), most - (len(pieces) > most)  # a cut word can grow a piece
+    return question, n
 
 
 def too_many_windows(max_rows: int, max_seq_len: int) -> TooLarge:

@@ -128,3 +128,23 @@ def test_a_prompt_goes_before_the_text_and_the_default_applies_unasked():
     assert prompted(ctx, None, "rivers") == "passage: rivers"
     with pytest.raises(InvalidInput, match=r"has prompts \['passage', 'query'\]"):
         prompted(ctx, "title", "rivers")
+
+
+def test_a_long_question_is_cut_at_a_piece_boundary_to_the_limit():
+    """/qa cuts a question past max_question_len (or half the window) to its first pieces, as
+    BERT's SQuAD code does, rather than refusing it: a schema cannot state a length in tokens."""
+    from tokenizers import Tokenizer
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    from runtime.tasks.qa import cut_question
+    from tests.conftest import BERT_VOCAB
+
+    wordpiece = BertWordPieceTokenizer(str(BERT_VOCAB), lowercase=True)
+    ctx = TaskContext(None, Tokenizer.from_str(wordpiece.to_str()), "", 10_000)
+    question = "who was the unaffable king of france in the year 1066 ?"
+    pieces = ctx.tokenizer.encode(question, add_special_tokens=False).tokens
+    assert cut_question(ctx, question, 100) == (question, len(pieces))
+    for most in range(1, len(pieces)):
+        cut, n = cut_question(ctx, question, most)
+        assert n == most and question.startswith(cut)
+        assert ctx.tokenizer.encode(cut, add_special_tokens=False).tokens == pieces[:most]
