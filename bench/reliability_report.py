@@ -201,8 +201,9 @@ def write_report(r: dict, out: Path) -> None:
         "",
         "## In CI (tests/service)",
         "",
-        "- `test_fuzz.py`: schemathesis generates requests for every endpoint from the service's "
-        "own OpenAPI schema; no 5xx, every answer valid against the schema.",
+        "- `test_fuzz.py`: schemathesis generates requests for every endpoint from the OpenAPI "
+        "document the running service serves; no 5xx, every answer valid against the schema, "
+        "every body the schema forbids refused and every body it allows accepted.",
         "- `test_behaviour.py`: 429 with Retry-After at the admission limit, and before the body "
         "is parsed once the queue is full; a cancelled request costs no inference (and logs no "
         "asyncio error); a failed backend call fails only its batch; a stalled backend gives "

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from runtime.tasks import TASKS
 from service.asgi import ADMITTED, SAFE_ID, replaying
 from service.auth import PUBLIC_PATHS, authorizations, check_key
+from service.contract import bind
 from service.docs import mount_docs
 from service.errors import (
     HttpError,
@@ -192,6 +194,19 @@ class ServiceApp(FastAPI):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.front(scope, receive, send)
+
+    def openapi(self) -> dict[str, Any]:
+        """FastAPI's document with this deployment's limits written in (service.contract),
+        kept once the models are loaded; before that, the static document, not kept."""
+        if self.openapi_schema is not None:
+            return self.openapi_schema
+        schema = super().openapi()
+        state = self.state.service
+        if not state.models:
+            self.openapi_schema = None
+            return schema
+        self.openapi_schema = bind(schema, state.settings, state.models)
+        return self.openapi_schema
 
 
 def create_app(settings: Settings) -> ServiceApp:

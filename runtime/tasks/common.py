@@ -42,6 +42,10 @@ class Task:
     batch_limit: ClassVar[str] = "max_client_batch"
     rows_limit: ClassVar[str] = "max_request_rows"
     items_name: ClassVar[str] = "inputs"
+    # Where the items are in the request body (properties, outermost first), and how many items
+    # the request has besides that list (the OpenAPI document's maxItems: service.contract).
+    items_field: ClassVar[tuple[str, ...]] = ("inputs",)
+    items_besides: ClassVar[int] = 0
 
     def model_name(self, request: Any) -> str | None:
         """A model the body asks for (`?model=` wins over it)."""

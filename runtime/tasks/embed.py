@@ -153,6 +153,7 @@ class Embed(Task):
 
 class OpenAIEmbeddings(Task):
     path = "/v1/embeddings"
+    items_field = ("input",)
     capability = "embed"
     reads = ("embeddings",)
     request = OpenAIEmbeddingsRequest
@@ -225,6 +226,7 @@ class OpenAIEmbeddings(Task):
 
 class Similarity(Task):
     path = "/similarity"
+    items_field, items_besides = ("inputs", "sentences"), 1  # and the source sentence
     capability = "embed"
     reads = ("embeddings",)
     request = SimilarityRequest

@@ -109,6 +109,7 @@ class Rerank(Task):
     }
     batch_limit = rows_limit = "max_rerank_documents"
     items_name = "documents"
+    items_field = ("texts",)
 
     def inputs(self, request: RerankRequest) -> tuple[list[Any], bool]:
         return list(request.texts), False
@@ -153,6 +154,7 @@ class CohereRerank(Task):
     lenient_model_name = True
     batch_limit = rows_limit = "max_rerank_documents"
     items_name = "documents"
+    items_field = ("documents",)
 
     def inputs(self, request: CohereRerankRequest) -> tuple[list[Any], bool]:
         return [d if isinstance(d, str) else d.text for d in request.documents], False
