@@ -89,6 +89,20 @@ reliability: $(BENCH_STAMP)  ## docs/reliability.md
 bench-families: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python -m bench.family_export --out runs/family-export.md
 
+# /embed against Infinity 0.0.78's ONNX engine (docs/infinity.md). Infinity runs from a
+# virtualenv of its own, pinned where its ONNX engine loads: optimum 1.27 (1.27 needs
+# transformers < 4.49 and numpy < 2), with a shim for the torch.onnx names optimum imports.
+INFINITY_VENV ?= runs/infinity-venv
+bench-infinity: $(BENCH_STAMP)
+	test -x $(INFINITY_VENV)/bin/infinity_emb || { $(PYTHON) -m venv $(INFINITY_VENV) && \
+		$(INFINITY_VENV)/bin/pip install --quiet "infinity-emb[server]==0.0.78" \
+		"optimum[onnxruntime]==1.27.*" "transformers<4.49" "numpy<2" "torch==2.13.0" && \
+		site=$$($(INFINITY_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+		cp bench/peers/infinity_torch_shim.py $$site/ && \
+		echo "import infinity_torch_shim" > $$site/infinity_torch_shim.pth; }
+	$(BENCH_VENV)/bin/python -m bench.infinity --infinity $(INFINITY_VENV)/bin/infinity_emb \
+		--model-dir runs/infinity/minilm --data $(DATA) --report docs/infinity.md
+
 # The same two on the larger (MiniLM) classify bundle, the shipped default: docs/minilm/.
 bench-minilm: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python -m bench.run --data $(DATA) --classify-bundle sst2-minilm \
