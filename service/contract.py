@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from runtime.tasks import TASKS
-from service.models import Model
+from service.models import Model, serving
 from service.settings import Settings
 
 JsonSchema = dict[str, Any]
@@ -32,6 +32,7 @@ ROUTE_ITEMS = {"TokenizeRequest": ("inputs",), "DecodeRequest": ("ids",)}
 def bind(schema: JsonSchema, settings: Settings, models: dict[str, Model]) -> JsonSchema:
     """`schema` (FastAPI's document) with the deployment's limits written in, in place."""
     components = schema.get("components", {}).get("schemas", {})
+    by_task = serving(models)
     for task in TASKS.values():
         name = task.request.__name__
         most = getattr(settings, task.batch_limit) - task.items_besides
@@ -41,7 +42,8 @@ def bind(schema: JsonSchema, settings: Settings, models: dict[str, Model]) -> Js
         for node in resolve(components, components.get(name), path):
             limit_items(node, settings.max_client_batch)
 
-    masks = sorted({m.ctx.spec.tokenizer.mask_token for m in serving(models, "fill-mask")})
+    fill_mask = [models[n] for n in by_task.get("fill-mask", [])]
+    masks = sorted({m.spec.tokenizer.mask_token for m in fill_mask})
     if masks:
         pattern = "|".join(re.escape(mask) for mask in masks)
         for node in resolve(components, components.get("FillMaskRequest"), ("inputs",)):
@@ -61,18 +63,15 @@ def bind(schema: JsonSchema, settings: Settings, models: dict[str, Model]) -> Js
         ("DecodeRequest", "ids", None),
         ("OpenAIEmbeddingsRequest", "input", "embed"),
     ):
-        chosen = serving(models, capability) if capability else list(models.values())
+        names = by_task.get(capability, []) if capability else list(models)
+        chosen = [models[n] for n in names]
         if not chosen:
             continue
-        top = min(m.ctx.spec.tokenizer.vocab_size for m in chosen) - 1
+        top = min(m.spec.tokenizer.vocab_size for m in chosen) - 1
         for node in resolve(components, components.get(name), (field,)):
             for ids in integers(node):
                 ids["maximum"] = top
     return schema
-
-
-def serving(models: dict[str, Model], task: str) -> list[Model]:
-    return [m for m in models.values() if task in m.spec.tasks]
 
 
 def resolve(
