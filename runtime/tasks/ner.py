@@ -13,7 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field
-from tokenizers import Encoding
+from tokenizers import Encoding, Tokenizer
 
 from runtime.batching import Row, RowResult
 from runtime.encoding import case_type_ids
@@ -147,7 +147,7 @@ def postprocess(
     unk = ctx.spec.tokenizer.unk_id
     ignore = frozenset(ignore_labels)
     front = len(ctx.special_frame[0])
-    word_aware = bool(getattr(ctx.tokenizer.model, "continuing_subword_prefix", None))
+    word_aware = marks_continuations(ctx.tokenizer)
     out, cursor = [], 0
     for item in inputs:
         checkpoint()
@@ -174,6 +174,12 @@ def postprocess(
             )
         out.append(aggregate(ctx, pre, strategy, labels, ignore))
     return out
+
+
+def marks_continuations(tokenizer: Tokenizer) -> bool:
+    """Whether the tokenizer marks a word's later pieces ("##" WordPiece), which decides the test
+    piece_is_subword applies."""
+    return bool(getattr(tokenizer.model, "continuing_subword_prefix", None))
 
 
 def piece_is_subword(

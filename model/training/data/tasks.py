@@ -14,7 +14,7 @@ from pathlib import Path
 
 from model.tokenizer import BertTokenizer, Encoding
 from runtime.encoding import CASE_UNKNOWN, case_type, case_unknown
-from runtime.tasks.ner import piece_is_subword
+from runtime.tasks.ner import marks_continuations, piece_is_subword
 
 IGNORE = -100
 
@@ -107,7 +107,7 @@ def align_labels(
     (ids, labels, segment ids): zeros, or with `case_types` (a scheme, runtime/tasks/ner.py) each
     piece's letter case as the service computes it."""
     enc = tokenizer.tokenizer.encode(words, is_pretokenized=True)
-    word_aware = bool(getattr(tokenizer.tokenizer.model, "continuing_subword_prefix", None))
+    word_aware = marks_continuations(tokenizer.tokenizer)
     unknown = case_unknown(case_types, "".join(words))
     ids, labels, types, previous = [], [], [], None
     for token_id, token, word, (start, end) in zip(
