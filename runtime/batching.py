@@ -19,6 +19,13 @@ measured as it serves): a client batch of sentences of every length runs as a fe
 similar lengths, not one call padded to its longest. The model runs on a single worker thread;
 ONNX Runtime's own threads use the cores. A failed call fails the rows of that batch only; if
 the loop itself dies it is restarted and readiness is false until it is.
+
+A lone request, one row with nothing queued behind it and no model call running in any process
+on these cores (`Activity`), runs alone: on the backend's lone session, which has every core
+(runtime.engine), and on the event loop's own thread, since handing a 3 ms call to the model's
+thread and its answer back cost 0.35 ms at the median (docs/performance.md). The loop waits
+for that one call: a request that arrives meanwhile is read when it ends, one row's call
+later. Everything else runs as above.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableSequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -40,6 +47,29 @@ log = logging.getLogger(__name__)
 
 class Backend(Protocol):
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+class Activity:
+    """Model calls running now on the cores this process shares: one count a process, in
+    `counts` (a list here; the supervisor's shared array across its workers), this process's at
+    `slot`. Read and written on the event loop only; each process writes its own count.
+
+    A call that finds every count at zero runs alone: a backend with a lone session
+    (`runtime.engine.Engine.runs_alone`) gives it every core. Under load the counts are rarely
+    all zero, and batches run on the sessions sized to a process's share of the cores."""
+
+    def __init__(self, counts: MutableSequence[int] | None = None, slot: int = 0) -> None:
+        self.counts = counts if counts is not None else [0]
+        self.slot = slot
+
+    def idle(self) -> bool:
+        return not any(self.counts)
+
+    def begin(self) -> None:
+        self.counts[self.slot] += 1
+
+    def end(self) -> None:
+        self.counts[self.slot] = max(self.counts[self.slot] - 1, 0)
 
 
 @dataclass
@@ -170,9 +200,13 @@ class Batcher:
         output_axes: Mapping[str, str],
         pad_id: int,
         positions: int | None,
+        activity: Activity | None = None,
     ) -> None:
         self.name = name
         self.backend = backend
+        # A lone request (nothing queued here, no model call anywhere) runs on every core
+        # where the backend has a session for it (Activity).
+        self.activity = activity or Activity()
         self.settings = settings
         self.metrics = metrics
         self.output_axes = output_axes  # bundle.json: how each output's rows are sliced
@@ -315,10 +349,22 @@ class Batcher:
             if not batch:
                 continue
             feeds, lengths = self._pad(batch)
+            alone = (
+                len(batch) == 1
+                and not self._items
+                and self.activity.idle()
+                and getattr(self.backend, "runs_alone", False)
+            )
             started = time.monotonic()
             self._running = batch
+            self.activity.begin()
             try:
-                outputs, call_s = await loop.run_in_executor(self._executor, self._run, feeds)
+                if alone:  # on this thread: no hand-off to the model's thread and back
+                    outputs, call_s = self._run(feeds, alone)
+                else:
+                    outputs, call_s = await loop.run_in_executor(
+                        self._executor, self._run, feeds, alone
+                    )
             except Exception:  # the backend's failure fails this batch only
                 # The error's text stays in the log: it may name files or memory addresses.
                 log.exception("model %s failed a batch of %d", self.name, len(batch))
@@ -332,6 +378,7 @@ class Batcher:
                 continue
             finally:
                 self._running = []
+                self.activity.end()
             elapsed = time.monotonic() - started
             self.consecutive_failures = 0
             for i, item in enumerate(batch):
@@ -344,9 +391,12 @@ class Batcher:
                         elapsed,
                     )
                 )
+            now = time.monotonic()
+            if alone:  # on more threads than a loaded server has: not the rate under load
+                cycle_start = now
+                continue
             # Rows served per second of a whole cycle (waiting for the loop, padding, the model,
             # handing out results): the rate the queue drains at, for admission (refusal()).
-            now = time.monotonic()
             sample = len(batch) / max(now - cycle_start, 1e-6)
             self.rows_per_s = (
                 sample if not self.rows_per_s else 0.8 * self.rows_per_s + 0.2 * sample
@@ -370,10 +420,13 @@ class Batcher:
                 if now > item.deadline and not item.future.done():
                     item.future.set_exception(DeadlineExceeded(error))
 
-    def _run(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+    def _run(
+        self, feeds: dict[str, np.ndarray], alone: bool = False
+    ) -> tuple[dict[str, np.ndarray], float]:
         """The model call, on the model's thread, and how long it took there (`CallCost`)."""
         started = time.perf_counter()
-        outputs = self.backend.run(feeds)
+        run = self.backend.run
+        outputs = run(feeds, alone=True) if alone else run(feeds)  # type: ignore[call-arg]
         return outputs, time.perf_counter() - started
 
     async def _fill(self) -> None:

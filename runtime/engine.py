@@ -44,6 +44,10 @@ class EngineOptions:
     # With spinning: the threads spin only inside a call and sleep as soon as it ends
     # (ONNX Runtime's session.force_spinning_stop), so idle sessions leave the cores alone.
     spin_stop: bool = False
+    # A second CPU session of each model with this many threads, spinning only within a call,
+    # for a call that runs while no other model call does anywhere on the machine (a lone
+    # request: `Engine.run(alone=True)`, chosen by the batcher). 0 or at most `threads`: none.
+    lone_threads: int = 0
     require_gpu: bool = False
     # CUDA execution provider options (ignored on CPU).
     device_id: int = 0
@@ -133,28 +137,13 @@ class Engine:
             )
         if CUDA in requested:
             preload_cuda_libraries()
-        session_options = ort.SessionOptions()
-        session_options.intra_op_num_threads = options.threads
-        session_options.inter_op_num_threads = 1
-        session_options.add_session_config_entry(
-            "session.intra_op.allow_spinning", "1" if options.spinning else "0"
-        )
-        if options.spinning and options.spin_stop:
-            session_options.add_session_config_entry("session.force_spinning_stop", "1")
-        session_options.log_severity_level = 2  # warnings too: caught and re-logged below
-        session_options.enable_cpu_mem_arena = options.cpu_arena != "no-arena"
         path = directory / spec.model_file
         providers: list[Any] = [(p, options.cuda_options()) if p == CUDA else p for p in requested]
-        failure: Exception | None = None
-        with ort_messages() as messages:
-            try:
-                session = ort.InferenceSession(str(path), session_options, providers=providers)
-            except Exception as exc:  # ORT's own exception types
-                failure = exc
+        session, messages = self._session(ort, path, providers, options, options.threads)
         for line in messages:
             ort_log.warning(line, extra={"fields": {"onnxruntime": line, "model": spec.name}})
-        if failure is not None:
-            raise EngineError(f"{path}: ONNX Runtime cannot load it: {failure}") from failure
+        if isinstance(session, Exception):
+            raise EngineError(f"{path}: ONNX Runtime cannot load it: {session}") from session
         self.session = session
         self.provider = self.session.get_providers()[0]
         self.requested = requested[0] if requested else CPU
@@ -192,6 +181,13 @@ class Engine:
                 "serve an int8 or fp32 bundle on CPUs",
                 spec.name,
             )
+        # The lone session: on the CPU only (a GPU call does not share the cores).
+        self.lone_session: Any = None
+        if self.provider == CPU and options.lone_threads > options.threads:
+            lone, messages = self._session(ort, path, [CPU], options, options.lone_threads)
+            if isinstance(lone, Exception):
+                raise EngineError(f"{path}: ONNX Runtime cannot load it: {lone}") from lone
+            self.lone_session = lone
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.inputs = [i.name for i in self.session.get_inputs()]
         if self.inputs != spec.inputs or self.outputs != spec.outputs:
@@ -211,11 +207,45 @@ class Engine:
         else:
             self._shrink = None
 
+    @staticmethod
+    def _session(
+        ort: Any, path: Path, providers: list[Any], options: EngineOptions, threads: int
+    ) -> tuple[Any, list[str]]:
+        """A session (or the exception that stopped it) and ORT's messages while it was built.
+        More threads than `options.threads` make the lone session: its threads spin within a
+        call (a lone call is short, and waking a sleeping thread for each operator costs more
+        than the operator) and sleep when it ends, so they leave the cores to the rest."""
+        lone = threads > options.threads
+        spinning = options.spinning or lone
+        session_options = ort.SessionOptions()
+        session_options.intra_op_num_threads = threads
+        session_options.inter_op_num_threads = 1
+        session_options.add_session_config_entry(
+            "session.intra_op.allow_spinning", "1" if spinning else "0"
+        )
+        if spinning and (options.spin_stop or lone):
+            session_options.add_session_config_entry("session.force_spinning_stop", "1")
+        session_options.log_severity_level = 2  # warnings too: caught and re-logged
+        session_options.enable_cpu_mem_arena = options.cpu_arena != "no-arena"
+        with ort_messages() as messages:
+            try:
+                session = ort.InferenceSession(str(path), session_options, providers=providers)
+            except Exception as exc:  # ORT's own exception types
+                return exc, messages
+        return session, messages
+
+    @property
+    def runs_alone(self) -> bool:
+        """Whether `run(alone=True)` has a session of its own with more threads."""
+        return self.lone_session is not None
+
     def warmed(self) -> None:
         """The warm-up is over: a call larger than its largest now gives its growth back."""
         self._warming = False
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict[str, np.ndarray], alone: bool = False) -> dict[str, np.ndarray]:
+        """The outputs by name. `alone`: nothing else runs on the machine now; the call takes
+        the lone session, if there is one (`runs_alone`)."""
         ids = feeds["input_ids"]
         if self._segmentless and SEGMENTS in feeds:
             feeds = {name: value for name, value in feeds.items() if name != SEGMENTS}
@@ -225,7 +255,8 @@ class Engine:
                 self.warm_tokens = max(self.warm_tokens, ids.size)
             elif ids.size > SHRINK_AFTER * self.warm_tokens:
                 options = self._shrink
-        return dict(zip(self.outputs, self.session.run(self.outputs, feeds, options), strict=True))
+        session = self.lone_session if alone and self.lone_session is not None else self.session
+        return dict(zip(self.outputs, session.run(self.outputs, feeds, options), strict=True))
 
 
 def warmup_feeds(

@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.batching import Batcher
+from runtime.batching import Activity, Batcher
 from runtime.bundle import (
     BUNDLE_FILE,
     BundleError,
@@ -50,8 +50,13 @@ class Model:
     batcher: Batcher
 
 
-def load_models(settings: Settings, metrics: Metrics) -> dict[str, Model]:
-    """Every bundle under settings.bundles, by name; a bad one is a BundleError naming it."""
+def load_models(
+    settings: Settings, metrics: Metrics, activity: Activity | None = None
+) -> dict[str, Model]:
+    """Every bundle under settings.bundles, by name; a bad one is a BundleError naming it.
+    `activity`: the model calls running on the cores this process shares (one for all its
+    batchers)."""
+    activity = activity or Activity()
     models: dict[str, Model] = {}
     root = settings.bundles
     dirs = bundle_dirs(root)
@@ -80,6 +85,7 @@ def load_models(settings: Settings, metrics: Metrics) -> dict[str, Model]:
             spec.output_axes,
             spec.tokenizer.pad_id,
             1 if "mask_positions" in spec.inputs else None,  # until probe_slots says 0
+            activity,
         )
         models[spec.name] = Model(spec.name, spec, ctx, engine, batcher)
         metrics.model_info.labels(

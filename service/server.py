@@ -420,6 +420,7 @@ def run_worker(
     """Serve until SIGTERM has drained (or SIGUSR1 retired it): alone (binding the port
     itself), or as worker `slot` of the supervisor's, on its shared listening socket, with
     every worker's readiness in `shared` (service.supervisor.Shared). Returns the exit status."""
+    from runtime.batching import Activity
     from service.app import create_app
 
     configure_logging(settings.log_level)
@@ -430,6 +431,7 @@ def run_worker(
     if shared is not None and slot is not None:
         state.worker = slot
         state.peers_ready = shared.all_ready
+        state.activity = Activity(shared.busy, slot)
     raise_open_files(settings.max_connections)
     config = uvicorn_config(app, settings)
     server = DrainingServer(config, state, settings.drain_timeout_s, slot, shared)

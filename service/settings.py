@@ -133,6 +133,16 @@ class Settings(BaseSettings):
         description="with intra_op_spinning: threads spin only within a call and sleep when it "
         "ends",
     )
+    # A lone request on a worker's one thread took 1.4x (MiniLM) the time of a plain server's
+    # call on both cores (docs/performance.md, "A lone request"); a second session of each
+    # model gives it every core, for the memory that session holds (docs/deploy.md, "Memory").
+    lone_threads: int = Field(
+        0,
+        ge=0,
+        description="ONNX Runtime threads for a call that runs while no other model call does "
+        "in any worker (a lone request), from a second session of each model on the CPU; "
+        "0: every core; 1 (or no more than intra_op_threads): no second session",
+    )
     max_batch_rows: int = Field(32, ge=1, description="sequences in one model call")
     max_batch_tokens: int = Field(
         8192, ge=16, description="padded tokens (rows x length) in a call"
@@ -319,6 +329,7 @@ class Settings(BaseSettings):
             threads=threads,
             spinning=self.intra_op_spinning,
             spin_stop=self.intra_op_spin_stop,
+            lone_threads=0 if device else (self.lone_threads or available_cores()),
             require_gpu=self.require_gpu,
             device_id=self.device_id,
             gpu_mem_limit=self.gpu_mem_limit,

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from runtime.batching import Activity
 from runtime.engine import Engine
 from service.admission import Admission
 from service.auth import PUBLIC_PATHS
@@ -37,6 +38,8 @@ class ServiceState:
     peers_ready: Callable[[], bool] = lambda: True  # every worker ready (workers > 1)
     retiring: bool = False  # replaced for its memory: finishing its connections (server.py)
     trimmer: Trimmer = field(default_factory=Trimmer)
+    # Model calls running now, here and (as a supervisor's worker) in the other workers.
+    activity: Activity = field(default_factory=Activity)
     _warming: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
@@ -62,7 +65,7 @@ class ServiceState:
 
     def load(self) -> None:
         """Load every bundle under settings.bundles (service.models)."""
-        self.models = load_models(self.settings, self.metrics)
+        self.models = load_models(self.settings, self.metrics, self.activity)
         self.defaults = defaults(self.models)
 
     def warm_up(self) -> None:

@@ -82,12 +82,14 @@ class Shared:
     """What the supervisor and its workers share, a slot a worker (one of them spare): each
     one's readiness (then the engine process's), open connections (each accepts its share of
     new ones: service.server.ACCEPT_BURST), whether readiness counts it, and its call for a
-    successor (over max_worker_rss_mb)."""
+    successor (over max_worker_rss_mb), and its model calls running now (a lone request runs
+    on every core only when no worker has one: runtime.batching.Activity)."""
 
     ready: Any
     connections: Any
     counted: Any
     recycle: Any
+    busy: Any
 
     @classmethod
     def create(cls, slots: int, engine: bool) -> Shared:
@@ -96,6 +98,7 @@ class Shared:
             SPAWN.Array("i", slots, lock=False),
             SPAWN.Array("b", slots, lock=False),
             SPAWN.Array("b", slots, lock=False),
+            SPAWN.Array("i", slots, lock=False),
         )
 
     def all_ready(self) -> bool:
@@ -192,6 +195,7 @@ class Supervisor:
         self.shared.connections[slot] = 0
         self.shared.counted[slot] = int(counted)
         self.shared.recycle[slot] = 0
+        self.shared.busy[slot] = 0  # a worker killed within a call left its count
         self.served[slot] = False
         values = self.values()
         values["port"] = sock.getsockname()[1]

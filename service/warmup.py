@@ -10,7 +10,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from runtime.batching import without_slots
-from runtime.engine import warmup_feeds
+from runtime.engine import Engine, warmup_feeds
 from service.models import Model
 from service.settings import Settings
 
@@ -26,6 +26,9 @@ def warm_up(models: Iterable[Model], settings: Settings) -> None:
         first = model.engine.run(shapes[0])
         for feeds in shapes[1:]:
             model.engine.run(feeds)
+        if isinstance(model.engine, Engine) and model.engine.runs_alone:
+            for feeds in (shapes[0], shapes[-1]):  # the lone session's: one row, any length
+                model.engine.run(feeds, alone=True)
         if model.batcher.positions is not None:
             probe_slots(model, shapes[0], first)
         log.info(

@@ -1,11 +1,13 @@
 """The batching policy (`Batcher._select`) on its own: the oldest row always goes first, the
 rows closest to it in length join it, the row cap and the token budget (rows x longest) hold,
 cancelled or expired rows are dropped before they cost compute, and once a call's cost is
-measured, rows whose padding would cost more than another call wait for a batch of their own."""
+measured, rows whose padding would cost more than another call wait for a batch of their own;
+a lone request runs alone (every core, on the event loop), and nothing else does."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass
 
@@ -14,6 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from runtime.batching import (
+    Activity,
     Batcher,
     CallCost,
     Row,
@@ -307,3 +310,96 @@ def test_rows_in_a_hung_call_and_behind_it_get_504_at_the_deadline():
     assert [type(r) for r in results] == [DeadlineExceeded, DeadlineExceeded]
     assert str(results[0]) == "model m: no result within 0.3 s"
     assert 0.3 <= elapsed < 0.6  # the deadline plus at most a tenth of it, well before 1 s
+
+
+# --- a lone request: every core, on the event loop's thread ----------------------------------
+
+
+class Recorded:
+    """The real engine, with what each call asked for: `alone`, and the thread it ran on."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.calls: list[tuple[int, bool, str]] = []  # rows, alone, thread
+
+    @property
+    def runs_alone(self) -> bool:
+        return self.engine.runs_alone
+
+    def run(self, feeds, alone=False):
+        self.calls.append((len(feeds["input_ids"]), alone, threading.current_thread().name))
+        return self.engine.run(feeds, alone=alone)
+
+
+@pytest.fixture
+def lone_engine(bundle_dir):
+    from runtime.bundle import load_bundle_spec
+    from runtime.engine import Engine, EngineOptions
+
+    directory = bundle_dir / "sentiment"
+    options = EngineOptions("CPUExecutionProvider", 1, lone_threads=2)
+    return Engine(directory, load_bundle_spec(directory), options)
+
+
+def serve(engine, bursts, activity=None):
+    """Each burst: requests of one row each (lengths), enqueued at once and awaited. Returns
+    the recorded calls, every answer's logits, the batcher and its loop's thread name."""
+
+    async def run():
+        backend = Recorded(engine)
+        batcher = Batcher("m", backend, Settings(), Metrics(), {"logits": "row"}, 0, None, activity)
+        batcher.start()
+        answers = []
+        for lengths in bursts:
+            futures = [
+                batcher.enqueue([Row(np.arange(5, 5 + n, dtype=np.int64), np.zeros(n, np.int64))])
+                for n in lengths
+            ]
+            answers += [r[0].outputs["logits"] for r in [await gather(f) for f in futures]]
+        await batcher.stop()
+        return backend.calls, answers, batcher, threading.current_thread().name
+
+    return asyncio.run(run())
+
+
+def test_a_lone_request_runs_alone_on_the_event_loop_with_the_same_answer(lone_engine):
+    calls, answers, batcher, loop_thread = serve(lone_engine, [[6], [9]])
+    assert calls == [(1, True, loop_thread), (1, True, loop_thread)]
+    row = {"input_ids": np.arange(5, 11, dtype=np.int64)[None, :]}
+    row |= {
+        "attention_mask": np.ones((1, 6), np.int64),
+        "token_type_ids": np.zeros((1, 6), np.int64),
+    }
+    np.testing.assert_allclose(answers[0], lone_engine.run(row)["logits"][0], atol=1e-5)
+    assert batcher.activity.counts == [0]  # each call counted while it ran, and no longer
+    # A lone call runs on more threads than a loaded server has: its rate is not the one
+    # admission estimates the queue's wait from.
+    assert batcher.rows_per_s == 0 and batcher.cycle_s == 0
+
+
+def test_rows_that_share_a_call_run_on_the_models_thread(lone_engine):
+    calls, _, batcher, loop_thread = serve(lone_engine, [[6, 8, 7]])
+    assert [(rows, alone) for rows, alone, _ in calls] == [(3, False)]
+    assert calls[0][2].startswith("infer-m") and calls[0][2] != loop_thread
+    assert batcher.rows_per_s > 0  # measured: a call as a loaded server makes them
+
+
+def test_a_call_in_another_worker_keeps_a_lone_request_off_every_core(lone_engine):
+    """Another process's count (the supervisor's shared array) says its model is running:
+    the lone request takes this worker's share of the cores, as under load."""
+    activity = Activity([0, 1], slot=0)
+    calls, _, _, loop_thread = serve(lone_engine, [[6]], activity)
+    assert [(rows, alone) for rows, alone, _ in calls] == [(1, False)]
+    assert calls[0][2] != loop_thread
+    assert activity.counts == [0, 1]  # its own back to zero; the other's is the other's
+
+
+def test_without_a_lone_session_nothing_runs_on_the_event_loop(bundle_dir):
+    from runtime.bundle import load_bundle_spec
+    from runtime.engine import Engine, EngineOptions
+
+    directory = bundle_dir / "sentiment"
+    engine = Engine(directory, load_bundle_spec(directory), EngineOptions("CPUExecutionProvider"))
+    calls, _, _, loop_thread = serve(engine, [[6]])
+    assert [(rows, alone) for rows, alone, _ in calls] == [(1, False)]
+    assert calls[0][2] != loop_thread

@@ -197,3 +197,8 @@ def test_the_cores_are_the_containers_not_the_hosts(tmp_path, monkeypatch):
     settings = Settings(bundles=tmp_path)
     assert (settings.worker_count, settings.threads) == (4, 1)
     assert settings.engine_options(device=True).threads == 4
+    # A lone request gets every core by default; the engine process's calls never run alone.
+    assert settings.engine_options().lone_threads == 4
+    assert settings.engine_options(device=True).lone_threads == 0
+    monkeypatch.setenv("BERTSERVE_LONE_THREADS", "1")
+    assert Settings(bundles=tmp_path).engine_options().lone_threads == 1  # off: 1 thread
