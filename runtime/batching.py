@@ -20,8 +20,8 @@ similar lengths, not one call padded to its longest. The model runs on a single 
 ONNX Runtime's own threads use the cores. A failed call fails the rows of that batch only; if
 the loop itself dies it is restarted and readiness is false until it is.
 
-A lone request, one row with nothing queued behind it and no model call running in any process
-on these cores (`Activity`), runs alone: on the backend's lone session, which has every core
+A lone request, one row with nothing queued behind it and no other request in flight in any
+process on these cores (`Activity`), runs alone: on the backend's lone session, which has every core
 (runtime.engine), and on the event loop's own thread, since handing a 3 ms call to the model's
 thread and its answer back cost 0.35 ms at the median (docs/performance.md). The loop waits
 for that one call: a request that arrives meanwhile is read when it ends, one row's call
@@ -50,20 +50,23 @@ class Backend(Protocol):
 
 
 class Activity:
-    """Model calls running now on the cores this process shares: one count a process, in
-    `counts` (a list here; the supervisor's shared array across its workers), this process's at
-    `slot`. Read and written on the event loop only; each process writes its own count.
+    """Requests in flight on the cores this process shares: one count a process, in `counts`
+    (a list here; the supervisor's shared array across its workers), this process's at
+    `slot`. The service counts a request from its admission to its answer (`begin`, `end`, on
+    the event loop; each process writes only its own count).
 
-    A call that finds every count at zero runs alone: a backend with a lone session
-    (`runtime.engine.Engine.runs_alone`) gives it every core. Under load the counts are rarely
-    all zero, and batches run on the sessions sized to a process's share of the cores."""
+    `alone()`: at most one request in flight anywhere, so a call for it may take every core
+    (a backend's lone session: `runtime.engine.Engine.runs_alone`). A count of model calls
+    would not do: under load each worker's calls leave gaps (answers written, requests read)
+    in which the other worker finds no call running. With nobody counting (the batcher on its
+    own) every lone row runs alone."""
 
     def __init__(self, counts: MutableSequence[int] | None = None, slot: int = 0) -> None:
         self.counts = counts if counts is not None else [0]
         self.slot = slot
 
-    def idle(self) -> bool:
-        return not any(self.counts)
+    def alone(self) -> bool:
+        return sum(self.counts) <= 1
 
     def begin(self) -> None:
         self.counts[self.slot] += 1
@@ -188,6 +191,8 @@ class BatchMetrics(Protocol):
     def padding(self) -> Labelled: ...
     @property
     def failed_batches(self) -> Labelled: ...
+    @property
+    def lone_calls(self) -> Labelled: ...
 
 
 class Batcher:
@@ -204,8 +209,8 @@ class Batcher:
     ) -> None:
         self.name = name
         self.backend = backend
-        # A lone request (nothing queued here, no model call anywhere) runs on every core
-        # where the backend has a session for it (Activity).
+        # A lone request (one row, nothing queued here, no other request in flight anywhere)
+        # runs on every core where the backend has a session for it (Activity).
         self.activity = activity or Activity()
         self.settings = settings
         self.metrics = metrics
@@ -240,6 +245,7 @@ class Batcher:
         self._tokens = metrics.batch_tokens.labels(name)
         self._padding = metrics.padding.labels(name)
         self._failed = metrics.failed_batches.labels(name)
+        self._lone_calls = metrics.lone_calls.labels(name)
         self._depth.set(0)
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -352,12 +358,13 @@ class Batcher:
             alone = (
                 len(batch) == 1
                 and not self._items
-                and self.activity.idle()
+                and self.activity.alone()
                 and getattr(self.backend, "runs_alone", False)
             )
             started = time.monotonic()
             self._running = batch
-            self.activity.begin()
+            if alone:
+                self._lone_calls.inc()
             try:
                 if alone:  # on this thread: no hand-off to the model's thread and back
                     outputs, call_s = self._run(feeds, alone)
@@ -378,7 +385,6 @@ class Batcher:
                 continue
             finally:
                 self._running = []
-                self.activity.end()
             elapsed = time.monotonic() - started
             self.consecutive_failures = 0
             for i, item in enumerate(batch):

@@ -167,6 +167,13 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.lone_calls = Counter(
+            "bertserve_lone_calls",
+            "Model calls for a lone request (no other in flight in any worker), on the lone "
+            "session's every core (BERTSERVE_LONE_THREADS)",
+            ["model"],
+            registry=r,
+        )
         self.dropped = Counter(
             "bertserve_dropped_rows",
             "Sequences dropped before compute (cancelled; expired: past the deadline; overdue: "

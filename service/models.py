@@ -54,7 +54,7 @@ def load_models(
     settings: Settings, metrics: Metrics, activity: Activity | None = None
 ) -> dict[str, Model]:
     """Every bundle under settings.bundles, by name; a bad one is a BundleError naming it.
-    `activity`: the model calls running on the cores this process shares (one for all its
+    `activity`: the requests in flight on the cores this process shares (one for all its
     batchers)."""
     activity = activity or Activity()
     models: dict[str, Model] = {}

@@ -431,7 +431,7 @@ def run_worker(
     if shared is not None and slot is not None:
         state.worker = slot
         state.peers_ready = shared.all_ready
-        state.activity = Activity(shared.busy, slot)
+        state.activity = Activity(shared.in_flight, slot)
     raise_open_files(settings.max_connections)
     config = uvicorn_config(app, settings)
     server = DrainingServer(config, state, settings.drain_timeout_s, slot, shared)

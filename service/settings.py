@@ -141,7 +141,8 @@ class Settings(BaseSettings):
         ge=0,
         description="ONNX Runtime threads for a call that runs while no other model call does "
         "in any worker (a lone request), from a second session of each model on the CPU; "
-        "0: every core; 1 (or no more than intra_op_threads): no second session",
+        "0: the threads of all workers together (workers x intra_op_threads: every core by "
+        "default); 1 (or no more than intra_op_threads): no second session",
     )
     max_batch_rows: int = Field(32, ge=1, description="sequences in one model call")
     max_batch_tokens: int = Field(
@@ -329,7 +330,7 @@ class Settings(BaseSettings):
             threads=threads,
             spinning=self.intra_op_spinning,
             spin_stop=self.intra_op_spin_stop,
-            lone_threads=0 if device else (self.lone_threads or available_cores()),
+            lone_threads=0 if device else (self.lone_threads or self.worker_count * self.threads),
             require_gpu=self.require_gpu,
             device_id=self.device_id,
             gpu_mem_limit=self.gpu_mem_limit,

@@ -38,7 +38,8 @@ class ServiceState:
     peers_ready: Callable[[], bool] = lambda: True  # every worker ready (workers > 1)
     retiring: bool = False  # replaced for its memory: finishing its connections (server.py)
     trimmer: Trimmer = field(default_factory=Trimmer)
-    # Model calls running now, here and (as a supervisor's worker) in the other workers.
+    # Requests in flight, here and (as a supervisor's worker) in the other workers: a lone
+    # one's model call may take every core (runtime.batching.Activity).
     activity: Activity = field(default_factory=Activity)
     _warming: asyncio.Task[None] | None = None
 
@@ -52,12 +53,14 @@ class ServiceState:
         if refusal is None and path not in PUBLIC_PATHS:
             self.in_flight += 1
             self.metrics.in_flight.inc()
+            self.activity.begin()
         return refusal
 
     def leave(self) -> None:
         """An admitted API request is answered (or its client left): its slot is free."""
         self.in_flight -= 1
         self.metrics.in_flight.dec()
+        self.activity.end()
 
     def serving(self) -> dict[str, list[str]]:
         """Task -> the names of the models serving it, the default first."""

@@ -82,14 +82,14 @@ class Shared:
     """What the supervisor and its workers share, a slot a worker (one of them spare): each
     one's readiness (then the engine process's), open connections (each accepts its share of
     new ones: service.server.ACCEPT_BURST), whether readiness counts it, and its call for a
-    successor (over max_worker_rss_mb), and its model calls running now (a lone request runs
-    on every core only when no worker has one: runtime.batching.Activity)."""
+    successor (over max_worker_rss_mb), and its requests in flight (a lone request's call takes
+    every core only when no other is in flight: runtime.batching.Activity)."""
 
     ready: Any
     connections: Any
     counted: Any
     recycle: Any
-    busy: Any
+    in_flight: Any
 
     @classmethod
     def create(cls, slots: int, engine: bool) -> Shared:
@@ -195,7 +195,7 @@ class Supervisor:
         self.shared.connections[slot] = 0
         self.shared.counted[slot] = int(counted)
         self.shared.recycle[slot] = 0
-        self.shared.busy[slot] = 0  # a worker killed within a call left its count
+        self.shared.in_flight[slot] = 0  # a worker killed with requests in flight left its count
         self.served[slot] = False
         values = self.values()
         values["port"] = sock.getsockname()[1]

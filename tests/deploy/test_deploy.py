@@ -301,12 +301,16 @@ def test_kubernetes_pod_is_locked_down_and_keyed():
 
 
 def test_pods_size_their_workers_and_gpu_pods_run_one_engine_process():
-    """A pod without a CPU limit has no quota to read: its workers are set to its CPU request,
-    not left to the node's cores. On a GPU the workers feed one engine process (one CUDA
-    context); the compose GPU stack does the same."""
+    """A pod without a CPU limit has no quota to read: its workers (and their threads, which
+    size a lone request's session) are set to its CPU request, not left to the node's cores.
+    On a GPU the workers feed one engine process (one CUDA context); the compose GPU stack
+    does the same."""
     cpu = container(deployment())
     env = {e["name"]: e.get("value") for e in cpu["env"]}
     assert env["BERTSERVE_WORKERS"] == cpu["resources"]["requests"]["cpu"]
+    # A lone request's session has workers x threads: the CPU request, not the node's cores.
+    requested = int(cpu["resources"]["requests"]["cpu"])
+    assert int(env["BERTSERVE_WORKERS"]) * int(env["BERTSERVE_INTRA_OP_THREADS"]) == requested
     gpu = {e["name"]: e.get("value") for e in container(gpu_deployment())["env"]}
     assert gpu["BERTSERVE_ENGINE_PROCESS"] == "true" and gpu["BERTSERVE_WORKERS"] == "2"
     args = [a for f in COMPOSE for a in ("-f", str(f))]

@@ -55,6 +55,7 @@ class Metrics:
         self.batch_tokens = Histogram("batch_tokens", "", ["model"], registry=r)
         self.padding = Histogram("padding", "", ["model"], registry=r)
         self.failed_batches = Counter("failed_batches", "", ["model"], registry=r)
+        self.lone_calls = Counter("lone_calls", "", ["model"], registry=r)
 
 
 def select(lengths, *, rows=4, tokens=1000, cancelled=(), expired=(), cost=None, split=True):
@@ -371,7 +372,7 @@ def test_a_lone_request_runs_alone_on_the_event_loop_with_the_same_answer(lone_e
         "token_type_ids": np.zeros((1, 6), np.int64),
     }
     np.testing.assert_allclose(answers[0], lone_engine.run(row)["logits"][0], atol=1e-5)
-    assert batcher.activity.counts == [0]  # each call counted while it ran, and no longer
+    assert batcher.metrics.lone_calls.labels("m")._value.get() == 2
     # A lone call runs on more threads than a loaded server has: its rate is not the one
     # admission estimates the queue's wait from.
     assert batcher.rows_per_s == 0 and batcher.cycle_s == 0
@@ -384,14 +385,15 @@ def test_rows_that_share_a_call_run_on_the_models_thread(lone_engine):
     assert batcher.rows_per_s > 0  # measured: a call as a loaded server makes them
 
 
-def test_a_call_in_another_worker_keeps_a_lone_request_off_every_core(lone_engine):
-    """Another process's count (the supervisor's shared array) says its model is running:
-    the lone request takes this worker's share of the cores, as under load."""
-    activity = Activity([0, 1], slot=0)
-    calls, _, _, loop_thread = serve(lone_engine, [[6]], activity)
+def test_a_request_in_another_worker_keeps_a_lone_row_off_every_core(lone_engine):
+    """The counts (the supervisor's shared array) say another worker has a request in flight
+    besides this one: the row takes this worker's share of the cores, as under load."""
+    calls, _, batcher, loop_thread = serve(lone_engine, [[6]], Activity([1, 1], slot=0))
     assert [(rows, alone) for rows, alone, _ in calls] == [(1, False)]
     assert calls[0][2] != loop_thread
-    assert activity.counts == [0, 1]  # its own back to zero; the other's is the other's
+    assert batcher.metrics.lone_calls.labels("m")._value.get() == 0
+    calls, _, _, loop_thread = serve(lone_engine, [[6]], Activity([1, 0], slot=0))
+    assert calls == [(1, True, loop_thread)]  # this worker's request is the only one
 
 
 def test_without_a_lone_session_nothing_runs_on_the_event_loop(bundle_dir):

@@ -690,3 +690,33 @@ def test_in_flight_cap_answers_503_with_retry_after_at_once(bundle_dir):
     assert "in flight (the limit)" in refused.json()["error"]
     assert elapsed < 0.5
     assert [r.status_code for r in held] == [200, 200]
+
+
+def test_a_lone_request_runs_alone_and_one_beside_another_does_not(bundle_dir):
+    """Admission counts the requests in flight: a request with no other in flight runs on
+    the lone session (every core); one that arrives while another is in flight does not."""
+    with live_server(bundles=bundle_dir, lone_threads=2) as live:
+        state = live.state
+        assert state.models["sentiment"].engine.runs_alone
+        with live.client() as c:
+            for text in ("a fine film", "a dull one"):
+                assert c.post("/classify", json={"inputs": text}).status_code == 200
+        assert metric(live, "bertserve_lone_calls_total", model="sentiment") == 2
+        assert state.activity.counts == [0]
+
+        gate = threading.Event()
+        held = wrap(live, "entities", gate=gate)
+
+        async def beside():
+            async with httpx.AsyncClient(base_url=live.url, timeout=20) as c:
+                first = asyncio.create_task(c.post("/ner", json={"inputs": "paris is big"}))
+                await until(lambda: held.calls == 1)
+                assert state.activity.counts == [1]
+                second = await c.post("/classify", json={"inputs": "a fine film"})
+                gate.set()
+                return await first, second
+
+        first, second = asyncio.run(beside())
+        assert (first.status_code, second.status_code) == (200, 200)
+        assert metric(live, "bertserve_lone_calls_total", model="sentiment") == 2
+        assert state.activity.counts == [0]

@@ -197,8 +197,14 @@ def test_the_cores_are_the_containers_not_the_hosts(tmp_path, monkeypatch):
     settings = Settings(bundles=tmp_path)
     assert (settings.worker_count, settings.threads) == (4, 1)
     assert settings.engine_options(device=True).threads == 4
-    # A lone request gets every core by default; the engine process's calls never run alone.
+    # A lone request gets every worker's threads by default (every core, here), never more
+    # than the workers were given; the engine process's calls never run alone.
     assert settings.engine_options().lone_threads == 4
+    monkeypatch.setenv("BERTSERVE_WORKERS", "2")
+    assert Settings(bundles=tmp_path).engine_options().lone_threads == 4  # 2 workers x 2
+    monkeypatch.setenv("BERTSERVE_INTRA_OP_THREADS", "1")
+    assert Settings(bundles=tmp_path).engine_options().lone_threads == 2  # 2 workers x 1
     assert settings.engine_options(device=True).lone_threads == 0
+    monkeypatch.delenv("BERTSERVE_WORKERS")
     monkeypatch.setenv("BERTSERVE_LONE_THREADS", "1")
     assert Settings(bundles=tmp_path).engine_options().lone_threads == 1  # off: 1 thread
