@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m model.training") 
     ev.add_argument(
         "--task",
         required=True,
-        choices=["classify", "ner", "qa", "nsp", "mlm", "embed", "rerank"],
+        choices=["classify", "ner", "qa", "nsp", "mlm", "nsp-news", "mlm-news", "embed", "rerank"],
     )
     ev.add_argument("--bundle", required=True, type=Path)
     ev.add_argument("--data", required=True, type=Path)

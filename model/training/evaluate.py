@@ -13,6 +13,8 @@ that serves requests), on ONNX Runtime, without HTTP: what is measured is what i
 | qa       | squad-v1.1/ (dev)          | EM / F1 with the official normalisation             |
 | nsp      | wikipedia text/            | NSP accuracy on pairs from held-out documents       |
 | mlm      | wikipedia text/            | top-1 accuracy of /fill-mask on masked whole words  |
+| nsp-news | conll2003/ (eng.testb)     | NSP accuracy on pairs of Reuters news sentences     |
+| mlm-news | conll2003/ (eng.testb)     | as mlm, on Reuters news sentences                   |
 | embed    | sst2/ (dev.tsv sentences)  | cosine with sentence-transformers' encode          |
 | rerank   | squad-v1.1/ (dev)          | top-1 and MRR@10 of the gold paragraph among 20 of  |
 |          |                            | its article (an embed bundle ranks by cosine)       |
@@ -177,12 +179,31 @@ def heldout_documents(data_dir: Path, fraction: float, limit: int) -> list[list[
     return [d for d in docs if len(d) >= 4][:limit]
 
 
+WIKIPEDIA = "held-out Wikipedia documents (hash fraction {fraction})"
+NEWS = "CoNLL-2003 test: Reuters news stories, 1996-97 (sentences as its words, space-joined)"
+
+
+def news_documents(data_dir: Path) -> list[list[str]]:
+    return [d for d in data.read_conll_documents(data_dir, "test") if len(d) >= 4]
+
+
 def evaluate_nsp(
     runner: BundleRunner, data_dir: Path, fraction: float = 0.02, pairs: int = 2000, seed: int = 0
 ) -> dict[str, Any]:
+    return nsp_accuracy(runner, heldout_documents(data_dir, fraction, 10_000), pairs, seed) | {
+        "data": WIKIPEDIA.format(fraction=fraction)
+    }
+
+
+def evaluate_nsp_news(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
+    return nsp_accuracy(runner, news_documents(data_dir), 2000, 0) | {"data": NEWS}
+
+
+def nsp_accuracy(
+    runner: BundleRunner, docs: list[list[str]], pairs: int, seed: int
+) -> dict[str, Any]:
     """Half true continuations (sentence i+1 after i), half a sentence of another document."""
     rng = random.Random(seed)
-    docs = heldout_documents(data_dir, fraction, 10_000)
     texts, gold = [], []
     for k in range(pairs):
         doc = rng.randrange(len(docs))
@@ -197,11 +218,7 @@ def evaluate_nsp(
     inputs = [nsp.NspInput(text=a, text_pair=b) for a, b in texts]
     request = nsp.NspRequest(inputs=inputs, parameters={"truncation": True})
     predicted = [r["is_next"] for r in run_task(runner, nsp.TASK, inputs, request)]
-    return {
-        "nsp_accuracy": accuracy(gold, predicted),
-        "pairs": len(inputs),
-        "data": f"held-out Wikipedia documents (hash fraction {fraction})",
-    }
+    return {"nsp_accuracy": accuracy(gold, predicted), "pairs": len(inputs)}
 
 
 def evaluate_mlm(
@@ -211,6 +228,18 @@ def evaluate_mlm(
     sentences: int = 2000,
     seed: int = 0,
 ) -> dict[str, Any]:
+    return mlm_accuracy(runner, heldout_documents(data_dir, fraction, 10_000), sentences, seed) | {
+        "data": WIKIPEDIA.format(fraction=fraction)
+    }
+
+
+def evaluate_mlm_news(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
+    return mlm_accuracy(runner, news_documents(data_dir), 2000, 0) | {"data": NEWS}
+
+
+def mlm_accuracy(
+    runner: BundleRunner, docs: list[list[str]], sentences: int, seed: int
+) -> dict[str, Any]:
     """One whole word (a single word piece of 3+ letters) a sentence replaced by [MASK]; hit if
     /fill-mask's top prediction is that word."""
     rng = random.Random(seed)
@@ -219,7 +248,7 @@ def evaluate_mlm(
     # capitalised words are in its test set too.
     fold = str.lower if runner.spec.tokenizer.lowercase else str
     texts, gold = [], []
-    for doc in heldout_documents(data_dir, fraction, 10_000):
+    for doc in docs:
         for sentence in doc:
             words = sentence.split()
             candidates = [
@@ -235,14 +264,12 @@ def evaluate_mlm(
         if len(texts) >= sentences:
             break
     texts, gold = texts[:sentences], gold[:sentences]
+    if not texts:
+        raise ValueError("no sentence of 6-60 words with a whole word in the vocabulary")
     request = fill_mask.FillMaskRequest(inputs=texts, parameters={"top_k": 1, "truncation": True})
     outputs = run_task(runner, fill_mask.TASK, texts, request)
     predicted = [o[0]["token_str"] for o in outputs]
-    return {
-        "mlm_word_accuracy": accuracy(gold, predicted),
-        "sentences": len(texts),
-        "data": f"held-out Wikipedia documents (hash fraction {fraction})",
-    }
+    return {"mlm_word_accuracy": accuracy(gold, predicted), "sentences": len(texts)}
 
 
 def evaluate_embed(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
@@ -319,6 +346,8 @@ EVALUATORS = {
     "qa": evaluate_qa,
     "nsp": evaluate_nsp,
     "mlm": evaluate_mlm,
+    "nsp-news": evaluate_nsp_news,
+    "mlm-news": evaluate_mlm_news,
     "embed": evaluate_embed,
     "rerank": evaluate_rerank,
 }
@@ -328,7 +357,12 @@ def evaluate(task: str, bundle: Path, data_dir: Path) -> dict[str, Any]:
     if task not in EVALUATORS:
         raise ValueError(f"unknown task {task!r}; tasks: {', '.join(EVALUATORS)}")
     runner = BundleRunner(bundle)
-    needed = {"mlm": ["fill-mask"], "rerank": ["rerank", "embed"]}.get(task, [task])
+    needed = {
+        "mlm": ["fill-mask"],
+        "mlm-news": ["fill-mask"],
+        "nsp-news": ["nsp"],
+        "rerank": ["rerank", "embed"],
+    }.get(task, [task])
     if not set(needed) & set(runner.spec.tasks):
         raise ValueError(f"bundle {bundle} serves {runner.spec.tasks}, not {needed}")
     return EVALUATORS[task](runner, data_dir)

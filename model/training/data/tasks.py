@@ -89,6 +89,24 @@ def read_conll(directory: Path, split: str) -> list[TaggedSentence]:
     return sentences
 
 
+def read_conll_documents(directory: Path, split: str) -> list[list[str]]:
+    """CoNLL-2003's documents (Reuters news stories, split at -DOCSTART-), each a list of its
+    sentences, words joined by single spaces: running news text for /fill-mask and /nsp."""
+    name = {"train": "eng.train", "dev": "eng.testa", "test": "eng.testb"}[split]
+    documents: list[list[str]] = []
+    words: list[str] = []
+    for line in [*(directory / name).read_text(encoding="utf-8").splitlines(), ""]:
+        if line.startswith("-DOCSTART-"):
+            documents.append([])
+        elif not line.strip():
+            if words and documents:
+                documents[-1].append(" ".join(words))
+            words = []
+        else:
+            words.append(line.split()[0])
+    return [d for d in documents if d]
+
+
 CONLL_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 
 
