@@ -1,5 +1,6 @@
 """ONNX Runtime session for one bundle: the providers asked for (CUDA with CPU fallback, or a hard
-requirement for CUDA), CUDA's options, intra-op threads sized to the cores. Warm-up is the
+requirement for CUDA), CUDA's options, intra-op threads sized to the cores, and on the CPU a
+second session with more threads for a request alone on the machine (`lone_threads`). Warm-up is the
 service's (ServiceState.warm_up); evaluation builds engines with its own options.
 
 Provider selection is loud and honest: ONNX Runtime's own messages while it builds the session
@@ -45,8 +46,8 @@ class EngineOptions:
     # (ONNX Runtime's session.force_spinning_stop), so idle sessions leave the cores alone.
     spin_stop: bool = False
     # A second CPU session of each model with this many threads, spinning only within a call,
-    # for a call that runs while no other model call does anywhere on the machine (a lone
-    # request: `Engine.run(alone=True)`, chosen by the batcher). 0 or at most `threads`: none.
+    # for the call of a request alone on the machine (`Engine.run(alone=True)`, chosen by the
+    # batcher: runtime.batching.Activity). 0 or at most `threads`: none.
     lone_threads: int = 0
     require_gpu: bool = False
     # CUDA execution provider options (ignored on CPU).
@@ -213,8 +214,8 @@ class Engine:
     ) -> tuple[Any, list[str]]:
         """A session (or the exception that stopped it) and ORT's messages while it was built.
         More threads than `options.threads` make the lone session: its threads spin within a
-        call (a lone call is short, and waking a sleeping thread for each operator costs more
-        than the operator) and sleep when it ends, so they leave the cores to the rest."""
+        call (two sleeping threads gave a lone MiniLM request less than two thirds of the gain,
+        docs/performance.md) and sleep when it ends, so they leave the cores to the rest."""
         lone = threads > options.threads
         spinning = options.spinning or lone
         session_options = ort.SessionOptions()
