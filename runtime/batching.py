@@ -23,7 +23,7 @@ the loop itself dies it is restarted and readiness is false until it is.
 A lone request, one row with nothing queued behind it and no other request in flight in any
 process on these cores (`Activity`), runs alone: on the backend's lone session, which has every core
 (runtime.engine), and on the event loop's own thread, since handing a 3 ms call to the model's
-thread and its answer back cost 0.35 ms at the median (docs/performance.md). The loop waits
+thread and its answer back cost 0.38 ms at the median (docs/performance.md). The loop waits
 for that one call: a request that arrives meanwhile is read when it ends, one row's call
 later. Everything else runs as above.
 """
