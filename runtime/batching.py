@@ -72,7 +72,7 @@ class Activity:
         self.counts[self.slot] += 1
 
     def end(self) -> None:
-        self.counts[self.slot] = max(self.counts[self.slot] - 1, 0)
+        self.counts[self.slot] -= 1
 
 
 @dataclass

@@ -139,8 +139,9 @@ class Settings(BaseSettings):
     lone_threads: int = Field(
         0,
         ge=0,
-        description="ONNX Runtime threads for a call that runs while no other model call does "
-        "in any worker (a lone request), from a second session of each model on the CPU; "
+        description="ONNX Runtime threads for the call of a request alone in the service (one "
+        "row, no other request in flight in any worker), from a second session of each model "
+        "on the CPU; "
         "0: the threads of all workers together (workers x intra_op_threads: every core by "
         "default); 1 (or no more than intra_op_threads): no second session",
     )

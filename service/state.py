@@ -32,14 +32,13 @@ class ServiceState:
     warmed: bool = False
     failed: str | None = None  # why start-up failed after the server bound: liveness says so
     draining: bool = False
-    in_flight: int = 0
     defaults: dict[str, Model] = field(default_factory=dict)  # task -> the model without ?model=
     worker: int | None = None  # this process's slot among the supervisor's workers
     peers_ready: Callable[[], bool] = lambda: True  # every worker ready (workers > 1)
     retiring: bool = False  # replaced for its memory: finishing its connections (server.py)
     trimmer: Trimmer = field(default_factory=Trimmer)
-    # Requests in flight, here and (as a supervisor's worker) in the other workers: a lone
-    # one's model call may take every core (runtime.batching.Activity).
+    # API requests in flight, here (`in_flight`) and, as a supervisor's worker, in the other
+    # workers: a lone one's model call may take every core (runtime.batching.Activity).
     activity: Activity = field(default_factory=Activity)
     _warming: asyncio.Task[None] | None = None
 
@@ -51,16 +50,24 @@ class ServiceState:
         or None, and then an API request holds an in-flight slot from here on, until `leave`."""
         refusal = self.admission.refusal(self, method, path, connections)
         if refusal is None and path not in PUBLIC_PATHS:
-            self.in_flight += 1
-            self.metrics.in_flight.inc()
             self.activity.begin()
+            self.metrics.in_flight.inc()
         return refusal
 
     def leave(self) -> None:
         """An admitted API request is answered (or its client left): its slot is free."""
-        self.in_flight -= 1
-        self.metrics.in_flight.dec()
         self.activity.end()
+        self.metrics.in_flight.dec()
+
+    @property
+    def in_flight(self) -> int:
+        """API requests admitted by this process and not yet answered: its count in
+        `activity`."""
+        return self.activity.counts[self.activity.slot]
+
+    @in_flight.setter
+    def in_flight(self, value: int) -> None:
+        self.activity.counts[self.activity.slot] = value
 
     def serving(self) -> dict[str, list[str]]:
         """Task -> the names of the models serving it, the default first."""
