@@ -1,7 +1,8 @@
 """`python -m export --checkpoint DIR --task T --out OUT [...]` builds a bundle;
 `python -m export verify OUT` checks one; `python -m export convert OUT --precision P
---eval-data TSV` rewrites one at another precision without its checkpoint. Errors are one
-line on stderr and exit status 2."""
+--eval-data TSV` rewrites one at another precision without its checkpoint;
+`python -m export checkpoint OUT --out DIR` reads one back into a checkpoint to train on. Errors
+are one line on stderr and exit status 2."""
 
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ CONVERT_EXAMPLES = """examples:
   {prog} bundles/sst2-distilled-2x192 --precision int8-int4-embeddings \\
       --eval-data DATA/sst2/dev.tsv     # from int8
 """
+CHECKPOINT_EXAMPLES = """examples:
+  {prog} bundles/minilm-wiki-mlm --out runs/minilm-wiki-mlm-recovered
+      # the shipped fill-mask model as a checkpoint, to continue its training from
+      # (make pretrained-minilm-continue)
+"""
 PRECISIONS = list(get_args(Precision))
 PRECISION_HELP = (
     "fp16-weights: half the file, fp32 arithmetic; fp16-weights-int8-embeddings: the same with "
@@ -73,6 +79,22 @@ def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
             parser.add_argument("bundle", type=Path)
             args = parser.parse_args(argv[1:])
             print(report_json(verify(args.bundle)))  # noqa: T201
+            return 0
+        if argv[:1] == ["checkpoint"]:
+            from export.recover import RECOVERABLE, checkpoint_from_bundle
+
+            parser = argparse.ArgumentParser(
+                prog=f"{prog} checkpoint",
+                description="Read a bundle's graph back into a checkpoint (config.json, "
+                "model.safetensors, tokenizer) that training continues from, checked against "
+                f"the graph. Our BERT graphs at {', '.join(RECOVERABLE)}.",
+                epilog=CHECKPOINT_EXAMPLES.format(prog=f"{prog} checkpoint"),
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+            )
+            parser.add_argument("bundle", type=Path)
+            parser.add_argument("--out", required=True, type=Path, help="checkpoint directory")
+            args = parser.parse_args(argv[1:])
+            print(json.dumps(checkpoint_from_bundle(args.bundle, args.out), indent=2))  # noqa: T201
             return 0
         if argv[:1] == ["convert"]:
             parser = argparse.ArgumentParser(
