@@ -46,6 +46,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m model.training") 
         default=None,
         help="stop after this many optimizer steps in total (resume later)",
     )
+    pre.add_argument(
+        "--news",
+        type=Path,
+        default=None,
+        help="CoNLL-2003 directory: its training stories, for a recipe with news_copies",
+    )
 
     fine = command("finetune", "fine-tune a checkpoint for classify, ner or qa")
     fine.add_argument("--task", required=True, choices=["classify", "ner", "qa"])
@@ -139,7 +145,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m model.training") 
             from model.training.pretrain import pretrain
             from model.training.recipe import Recipe
 
-            pretrain(Recipe.load(args.recipe), args.data, args.out, args.stop_after)
+            pretrain(Recipe.load(args.recipe), args.data, args.out, args.stop_after, args.news)
         elif args.command == "finetune":
             from model.training.finetune import FinetuneRecipe, finetune
 

@@ -33,6 +33,7 @@ from model.training.data.pretraining import (
     pairs_from_document,
     write_pairs,
 )
+from model.training.data.tasks import read_conll_documents
 from model.training.data.wikipedia import is_heldout, read_documents
 from model.training.loop import (
     Dist,
@@ -52,12 +53,22 @@ log = logging.getLogger(__name__)
 # --- data ---------------------------------------------------------------------------------------
 
 
-def prepare_data(recipe: Recipe, data_dir: Path, out: Path) -> None:
-    """Train the vocabulary on the training documents and write train/heldout pair shards."""
+def prepare_data(recipe: Recipe, data_dir: Path, out: Path, news_dir: Path | None = None) -> None:
+    """Train the vocabulary on the training documents and write train/heldout pair shards; with
+    `news_copies`, CoNLL-2003's training stories (in `news_dir`) join the training pairs. The
+    held-out pairs stay Wikipedia's, so figures compare across recipes."""
     settings = recipe.data
+    if settings.news_copies and news_dir is None:
+        raise ValueError(
+            f"recipe {recipe.name!r} mixes in news (news_copies {settings.news_copies}): "
+            "give --news DIR, the CoNLL-2003 directory"
+        )
     stamp = out / "settings.json"
     wanted = json.dumps(
-        recipe.to_dict()["data"] | {"seed": recipe.train.seed, "init": recipe.init}, sort_keys=True
+        recipe.to_dict()["data"]
+        | {"seed": recipe.train.seed, "init": recipe.init}
+        | ({"news": str(news_dir)} if settings.news_copies else {}),
+        sort_keys=True,
     )
     if stamp.is_file() and stamp.read_text() == wanted:
         log.info("reusing prepared data in %s", out)
@@ -80,9 +91,10 @@ def prepare_data(recipe: Recipe, data_dir: Path, out: Path) -> None:
         )
     tokenizer.save(out)
     rng = random.Random(recipe.train.seed)
-    for name, split, dupes in (("train", train, settings.dupe_factor), ("heldout", heldout, 1)):
-        tokenised = _tokenise(tokenizer, split)
-        pairs = [
+    news_rng = random.Random(f"{recipe.train.seed}-news")
+
+    def cut(tokenised: list[list[list[int]]], dupes: int, draw: random.Random = rng) -> list[Any]:
+        return [
             pair
             for _ in range(dupes)
             for i in range(len(tokenised))
@@ -91,12 +103,24 @@ def prepare_data(recipe: Recipe, data_dir: Path, out: Path) -> None:
                 i,
                 settings.max_seq_len,
                 settings.short_seq_prob,
-                rng,
+                draw,
                 settings.sentence_pair_prob,
             )
         ]
+
+    for name, split, dupes in (("train", train, settings.dupe_factor), ("heldout", heldout, 1)):
+        pairs = cut(_tokenise(tokenizer, [d.sentences for d in split]), dupes)
         if name == "train":
             rng.shuffle(pairs)
+        if name == "train" and settings.news_copies:
+            assert news_dir is not None  # checked above
+            stories = read_conll_documents(news_dir, "train")
+            # Cut and mixed in with a generator of their own: `rng` draws what it draws without
+            # news, so the held-out pairs, cut next, are the same as such a run's.
+            news = cut(_tokenise(tokenizer, stories), settings.news_copies, news_rng)
+            log.info("news: %d stories, %d pairs", len(stories), len(news))
+            pairs += news
+            news_rng.shuffle(pairs)
         write_pairs(pairs, out / name, tokenizer.vocab_size)
         log.info(
             "%s: %d pairs, %d tokens", name, len(pairs), sum(len(p.a) + len(p.b) for p in pairs)
@@ -105,13 +129,14 @@ def prepare_data(recipe: Recipe, data_dir: Path, out: Path) -> None:
     log.info("data prepared in %.0f s", time.time() - started)
 
 
-def _tokenise(tokenizer: BertTokenizer, docs: list[Any]) -> list[list[list[int]]]:
-    sentences = [s for d in docs for s in d.sentences]
+def _tokenise(tokenizer: BertTokenizer, docs: list[list[str]]) -> list[list[list[int]]]:
+    """Each document (its sentences) as lists of word-piece ids; empty ones dropped."""
+    sentences = [s for d in docs for s in d]
     # The raw `tokenizers` batch call: ids only, no per-token Python objects (1.4 M sentences).
     ids = [e.ids for e in tokenizer.tokenizer.encode_batch(sentences, add_special_tokens=False)]
     out, start = [], 0
     for d in docs:
-        count = len(d.sentences)
+        count = len(d)
         doc = [s for s in ids[start : start + count] if s]
         start += count
         if doc:
@@ -242,17 +267,22 @@ def step_rows(
 
 
 def pretrain(
-    recipe: Recipe, data_dir: Path, out: Path, stop_after: int | None = None
+    recipe: Recipe,
+    data_dir: Path,
+    out: Path,
+    stop_after: int | None = None,
+    news_dir: Path | None = None,
 ) -> dict[str, float] | None:
     """Run (or resume) the recipe. `stop_after` ends the process after that many optimizer steps
-    in total, leaving a checkpoint to resume from; returns the final evaluation when finished."""
+    in total, leaving a checkpoint to resume from; returns the final evaluation when finished.
+    `news_dir`: CoNLL-2003's directory, for a recipe that mixes in news (`news_copies`)."""
     d = Dist.setup()
     t = recipe.train
     if t.threads and d.device.type == "cpu":
         torch.set_num_threads(t.threads)
     out.mkdir(parents=True, exist_ok=True)
     if d.main:
-        prepare_data(recipe, data_dir, out / "data")
+        prepare_data(recipe, data_dir, out / "data", news_dir)
         (out / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2))
     d.barrier()
 
@@ -387,7 +417,8 @@ def finish(
 
     save_model(model, out)
     tokenizer.save(out)
-    result = evaluate(model, heldout, len(heldout), recipe.train.micro_batch, d.device)
+    pairs = recipe.data.final_eval_pairs or len(heldout)
+    result = evaluate(model, heldout, pairs, recipe.train.micro_batch, d.device)
     (out / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
     plot_curves(
         metrics.read(),

@@ -36,6 +36,10 @@ class DataSettings:
     dupe_factor: int = 1  # passes of pair building over the corpus, each with other cuts
     max_docs: int = 0  # 0 = every document (tests use a handful)
     eval_pairs: int = 2000  # held-out pairs scored at each evaluation
+    final_eval_pairs: int = 0  # held-out pairs scored at the end (eval.json); 0 = all of them
+    # Passes of pair building over CoNLL-2003's Reuters training stories (`pretrain --news DIR`),
+    # mixed into the training pairs: news text beside Wikipedia. 0 = Wikipedia only.
+    news_copies: int = 0
 
 
 @dataclass(frozen=True)

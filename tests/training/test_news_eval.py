@@ -15,16 +15,16 @@ STORIES = [
 ]
 
 
-def write_news(directory, stories=STORIES):
-    """eng.testb as CoNLL writes it: -DOCSTART- before each story, a word a line, a blank line
-    after each sentence."""
+def write_news(directory, stories=STORIES, split="eng.testb"):
+    """A CoNLL-2003 file (eng.testb unless `split` says) as CoNLL writes it: -DOCSTART- before
+    each story, a word a line, a blank line after each sentence."""
     directory.mkdir()
     lines = []
     for story in stories:
         lines += ["-DOCSTART- -X- -X- O", ""]
         for sentence in story:
             lines += [f"{w} X X O" for w in sentence.split()] + [""]
-    (directory / "eng.testb").write_text("\n".join(lines) + "\n")
+    (directory / split).write_text("\n".join(lines) + "\n")
     return directory
 
 

@@ -169,3 +169,38 @@ def test_continued_pretraining_starts_from_the_checkpoint_and_keeps_frozen_layer
     provenance = read_provenance(out)
     assert provenance is not None and provenance.to_dict()["sha256"]
     assert json.loads((out / "recipe.json").read_text())["init"] == str(uninterrupted)
+
+
+def test_news_stories_join_the_training_pairs_and_leave_the_held_out_ones(tmp_path, checkpoints):
+    """`news_copies`: CoNLL-2003's training stories are cut into pairs (that many passes) and
+    shuffled in with Wikipedia's; the held-out pairs stay Wikipedia's alone, so figures compare
+    with a run without news. A recipe asking for news without `--news` says what to give."""
+    import dataclasses
+
+    import numpy as np
+
+    from model.tokenizer import BertTokenizer
+    from model.training.data.pretraining import PairShard
+    from model.training.pretrain import masking_for, prepare_data
+    from tests.training.test_news_eval import STORIES, write_news
+
+    news = write_news(tmp_path / "conll2003", STORIES * 4, split="eng.train")
+    # A checkpoint's vocabulary, as continued training has (a vocabulary trained here can differ
+    # from one training to the next)
+    plain = dataclasses.replace(Recipe.load("tiny"), init=str(checkpoints["BertForPreTraining"]))
+    mixed = dataclasses.replace(plain, data=dataclasses.replace(plain.data, news_copies=2))
+    with pytest.raises(ValueError, match="give --news DIR"):
+        prepare_data(mixed, FIXTURE, tmp_path / "refused")
+    shards = {}
+    for name, recipe, news_dir in (("plain", plain, None), ("mixed", mixed, news)):
+        prepare_data(recipe, FIXTURE, tmp_path / name, news_dir)
+        masking = masking_for(BertTokenizer.load(tmp_path / name), recipe)
+        shards[name] = {s: PairShard(tmp_path / name / s, masking) for s in ("train", "heldout")}
+    added = len(shards["mixed"]["train"]) - len(shards["plain"]["train"])
+    assert added >= 2 * len(STORIES * 4)  # at least a pair a story each pass
+    for field in ("index", "tokens"):
+        np.testing.assert_array_equal(
+            getattr(shards["mixed"]["heldout"], field), getattr(shards["plain"]["heldout"], field)
+        )
+    settings = json.loads((tmp_path / "mixed" / "settings.json").read_text())
+    assert settings["news"] == str(news) and settings["news_copies"] == 2
