@@ -1,0 +1,131 @@
+"""The README's and docs/api.md's examples are the shipped models' real answers: each `curl` in
+their shell blocks is sent over HTTP to a server of bundles/, and the answer printed with it must
+be what comes back, value for value (numbers to the places printed), in order. An example whose
+model is retrained shows its new answer, or this fails."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.server import live_server
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+PAIR = re.compile(r'"(\w+)":\s*("([^"]*)"|-?\d+(?:\.\d+)?|true|false)')
+NUMBER = re.compile(r"-?\d+\.\d+")
+
+
+def curl_examples(text: str) -> list[tuple[str, dict[str, Any], str]]:
+    """(path with query, JSON body, the printed answer) of each curl to localhost:8000 in the
+    shell blocks of a Markdown text: the answer is the `# ...` lines under the command (the
+    README's way) or the ```json block right after its shell block (docs/api.md's)."""
+    examples = []
+    for block in re.finditer(r"```sh\n(.*?)```\n(?:```json\n(.*?)```)?", text, re.S):
+        lines = block.group(1).replace("\\\n", " ").splitlines()
+        for i, line in enumerate(lines):
+            if not line.startswith("curl ") or "localhost:8000" not in line:
+                continue
+            words, end = None, i
+            while words is None:  # a body may go on over lines inside its quotes
+                try:
+                    words = shlex.split(line)
+                except ValueError:
+                    end += 1
+                    line += "\n" + lines[end]
+            url = next(w for w in words if "localhost:8000" in w)
+            if "-d" not in words:
+                continue  # a GET
+            body = json.loads(words[words.index("-d") + 1])
+            answer = []
+            for after in lines[end + 1 :]:
+                if not after.startswith("#"):
+                    break
+                answer.append(after.lstrip("# "))
+            printed = " ".join(answer) or (block.group(2) or "")
+            examples.append((url.split("localhost:8000", 1)[1], body, printed))
+    return examples
+
+
+def documented_examples() -> list[tuple[str, dict[str, Any], str]]:
+    return [
+        example
+        for name in ("README.md", "docs/api.md")
+        for example in curl_examples((ROOT / name).read_text())
+    ]
+
+
+EXAMPLES = documented_examples()
+README = curl_examples((ROOT / "README.md").read_text())
+
+
+def flatten(value: Any, key: str = "") -> list[tuple[str, Any]]:
+    """(key, leaf) pairs of a JSON value in document order; list items keep their list's key."""
+    if isinstance(value, dict):
+        return [pair for k, v in value.items() for pair in flatten(v, k)]
+    if isinstance(value, list):
+        return [pair for v in value for pair in flatten(v, key)]
+    return [(key, value)]
+
+
+def matches(printed: tuple[str, str], got: tuple[str, Any]) -> bool:
+    (key, text), (got_key, value) = printed, got
+    if key != got_key:
+        return False
+    if text.startswith('"'):
+        return value == text[1:-1]
+    if text in ("true", "false"):
+        return value is (text == "true")
+    return isinstance(value, int | float) and abs(float(text) - value) <= tolerance(text)
+
+
+def tolerance(printed: str) -> float:
+    """Half a unit of the last printed place, and a little for another machine's rounding."""
+    places = len(printed.split(".")[1]) if "." in printed else 0
+    return 0.5 * 10**-places + 2e-4
+
+
+@pytest.fixture(scope="module")
+def server():
+    with live_server(bundles=ROOT / "bundles", lone_threads=1) as live:
+        yield live
+
+
+def test_the_readme_has_an_example_for_every_task():
+    paths = {path.split("?")[0] for path, _, _ in README}
+    assert {"/classify", "/ner", "/qa", "/embed", "/fill-mask", "/nsp"} <= paths
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "printed"), EXAMPLES, ids=[f"{p} {json.dumps(b)[:40]}" for p, b, _ in EXAMPLES]
+)
+def test_a_readme_example_prints_the_real_answer(server, path, body, printed):
+    with server.client() as c:
+        response = c.post(path, json=body)
+    if response.status_code == 404 and "no loaded bundle serves" in response.text:
+        pytest.skip(f"{path}: no bundle in bundles/ serves it (the text says whose answer it is)")
+    assert response.status_code == 200, response.text
+    leaves = flatten(response.json())
+    if not printed:  # described in prose: it answers
+        return
+    shown = [(m.group(1), m.group(2)) for m in PAIR.finditer(printed)]
+    if not shown:  # a vector: its first numbers, as printed
+        numbers = NUMBER.findall(printed)
+        assert numbers, f"nothing to check in {printed!r}"
+        got = [v for _, v in leaves[: len(numbers)]]
+        assert all(abs(float(a) - b) <= tolerance(a) for a, b in zip(numbers, got, strict=True)), (
+            numbers,
+            got,
+        )
+        return
+    position = 0
+    for pair in shown:  # each printed value, in order, among the answer's
+        while position < len(leaves) and not matches(pair, leaves[position]):
+            position += 1
+        assert position < len(leaves), f"README prints {pair}, the answer is {response.text}"
+        position += 1
