@@ -34,6 +34,12 @@ COMMANDS: dict[str, Command] = {
         "rewrite a bundle at another precision, measured (no checkpoint needed)",
         "train",
     ),
+    "checkpoint": Command(
+        "export.__main__",
+        ("checkpoint",),
+        "read a bundle's graph back into a checkpoint to train on",
+        "train",
+    ),
     "pretrain": Command(
         "model.training.__main__", ("pretrain",), "MLM + NSP pre-training", "train"
     ),

@@ -20,6 +20,7 @@ SUBCOMMANDS = (
     "export",
     "verify",
     "convert",
+    "checkpoint",
     "pretrain",
     "finetune",
     "distil",
