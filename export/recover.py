@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from export.graph import task_architecture
 from model.checkpoint import save_model, sha256
 from model.config import BertConfig
 from model.heads import HEADS
@@ -211,7 +210,7 @@ def checkpoint_from_bundle(directory: Path, out: Path) -> dict[str, Any]:
     weights = _weights(graph)
     weights["bert.embeddings.word_embeddings.weight"] = table
 
-    arch_name = spec.source.architecture or task_architecture(list(spec.tasks))
+    arch_name = spec.source.architecture
     if arch_name not in HEADS:
         raise RecoverError(f"{directory}: architecture {arch_name!r} is not one of ours")
     config = _config(weights, model_proto.graph, spec)
