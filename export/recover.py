@@ -22,7 +22,6 @@ graph (DistilBERT, RoBERTa names) or a dynamic-int8 graph (MatMulInteger) is ref
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +33,6 @@ from model.config import BertConfig
 from model.heads import HEADS
 from model.sources import Provenance, write_provenance
 from runtime.bundle import load_bundle_spec
-
-log = logging.getLogger(__name__)
 
 RECOVERED_NAME = "recovered.json"
 # Precisions whose every weight comes back: fp32 weights or fp16-stored ones restored by a Cast,

@@ -64,8 +64,9 @@ def test_a_stored_precision_comes_back_as_served(precision, checkpoints, tmp_pat
     got = recovered.state_dict()
     table = "bert.embeddings.word_embeddings.weight"
     if precision.endswith("int8-embeddings"):
-        step = want[table].abs().amax(dim=1, keepdim=True) / 127  # one int8 step a row
-        assert torch.all((got[table] - want[table]).abs() <= step / 2 + 1e-7)
+        # half an int8 step a row, after the fp16 rounding the table was quantised from
+        step = want[table].abs().amax(dim=1, keepdim=True) / 127
+        assert torch.all((got[table] - want[table]).abs() <= step / 2 + want[table].abs() / 2048)
         assert not torch.equal(got[table], want[table])  # the int8 table, not a stored copy
     else:
         torch.testing.assert_close(got[table], want[table], rtol=1e-3, atol=1e-4)
