@@ -6,6 +6,10 @@ task (so they cost a few microseconds, not a request's worth of Python):
   and the connection is closed (uvicorn itself waits forever: slowloris);
 - a header size limit: a request line and headers past `max_header_bytes` get a 431 and the
   connection is closed, before the parser has buffered them (httptools buffers any size);
+- the same two bounds for a chunked body's framing: from each chunk's size line to its data,
+  and over the trailer section after the last chunk (which httptools buffers, joining a value
+  piece by piece, and uvicorn ignores), at most `max_header_bytes` and `header_timeout`; past
+  either the connection is closed (with a 431 or 408 if no response has started);
 - anonymous connections (API keys set; `Connections`): a connection counts as keyed once a
   request on it carries a valid key. Past `max_anonymous` of the others, or past the process's
   connection cap, the oldest idle anonymous ones are closed, so clients without a key cannot
@@ -163,6 +167,10 @@ class GuardedProtocol(HttpToolsProtocol):
         self.last_read = 0.0  # loop time of the client's last bytes (a retiring worker's closes)
         self._head_bytes = 0
         self._tail = b""  # the last bytes of the head so far: its end may straddle two reads
+        # Bytes since a chunk's size line that were not its data: the trailers after the last
+        # one (None: not between a size line and its data).
+        self._framing: int | None = None
+        self._body_bytes = 0  # body bytes handed on so far (what a read held besides framing)
 
     def quiet_for(self) -> float:
         """Seconds since the client last sent anything, while nothing is in progress (0 if it
@@ -207,7 +215,60 @@ class GuardedProtocol(HttpToolsProtocol):
                     self.transport.close()
                 return
             self._head_bytes, self._tail = size, seen[-3:]
+        body = self._body_bytes
         super().data_received(data)
+        if self._framing is not None:
+            self._framing_received(len(data) - (self._body_bytes - body))
+
+    # --- a chunked body's framing: size lines and trailers, bounded as a head is ----------------
+
+    def on_chunk_header(self) -> None:
+        """httptools: a chunk's size line is read. Its data follows (`on_body`), or, for the
+        last chunk, the trailer section and then `on_chunk_complete`."""
+        self._framing = 0
+        self._arm(self._framing_too_slow)
+
+    def on_chunk_complete(self) -> None:
+        self._end_framing()
+
+    def _end_framing(self) -> None:
+        if self._framing is not None:
+            self._framing = None
+            self._disarm()
+
+    def _framing_received(self, size: int) -> None:
+        """`size` bytes of a read that were not body data, while between a chunk's size line
+        and its data: past the limit the connection ends, having buffered at most one read
+        more than the limit."""
+        assert self._framing is not None
+        self._framing += size
+        if self._framing > self.max_header_bytes:
+            limit = f"{self.max_header_bytes:,}"
+            self._close_framing(
+                HeadersTooLarge(
+                    f"a chunked body's framing or trailers are over {limit} bytes",
+                    {"Connection": "close"},
+                )
+            )
+
+    def _framing_too_slow(self) -> None:
+        self._header_timer = None
+        self._close_framing(
+            RequestTimeout(
+                f"a chunked body's trailers did not arrive within {self.header_timeout:g} s",
+                {"Connection": "close"},
+            )
+        )
+
+    def _close_framing(self, error: ServiceError) -> None:
+        """End the connection: with `error` as the answer if none has started, else as it is."""
+        self._framing = None
+        self._disarm()
+        if self.transport.is_closing():
+            return
+        if self.cycle is None or not self.cycle.response_started:
+            self.transport.write(encode(error, request_id_of(self.headers)))
+        self.transport.close()
 
     def on_message_begin(self) -> None:
         self._release(idle_after=False)  # pipelined behind a held refusal: that goes first
@@ -232,9 +293,9 @@ class GuardedProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_task = None
         super().connection_lost(exc)
 
-    def _arm(self) -> None:
+    def _arm(self, fire: Callable[[], None] | None = None) -> None:
         self._disarm()
-        self._header_timer = self.loop.call_later(self.header_timeout, self._too_slow)
+        self._header_timer = self.loop.call_later(self.header_timeout, fire or self._too_slow)
 
     def _disarm(self) -> None:
         if self._header_timer is not None:
@@ -323,6 +384,8 @@ class GuardedProtocol(HttpToolsProtocol):
         super()._start_asgi_task(cycle, app)
 
     def on_body(self, body: bytes) -> None:
+        self._end_framing()
+        self._body_bytes += len(body)
         if self._refusal is None:
             super().on_body(body)
 
