@@ -149,7 +149,7 @@ class DrainingServer(uvicorn.Server):
                     self._watch(listener)
             if self.shared is not None:
                 self._tasks.append(loop.create_task(self._publish_readiness()))
-            if self.slot in (None, 0):  # one worker speaks for all
+            if self.slot in (None, 0) and not self.state.warm_first:  # one speaks for all
                 self._tasks.append(loop.create_task(self._announce()))
 
     # --- accepting in bursts (ACCEPT_BURST) -----------------------------------------------------
@@ -293,6 +293,12 @@ class DrainingServer(uvicorn.Server):
             logging.getLogger("service").info("ready", extra={"fields": facts})
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.state.draining and sig == signal.SIGTERM and self.shared is not None:
+            # A supervisor's worker gets SIGTERM twice when the whole process group is
+            # signalled (systemd, a shell's job control): once itself, once passed on. The
+            # drain is already under way; uvicorn would stop it, and re-raise the signal at
+            # exit (exit status -15, which fails the supervisor's).
+            return None
         if self.state.draining or self._loop is None:
             return super().handle_exit(sig, frame)
         self.state.draining = True
@@ -416,10 +422,13 @@ def run_worker(
     sockets: list[socket.socket] | None = None,
     slot: int | None = None,
     shared=None,
+    warm_first: bool = False,
 ) -> int:
     """Serve until SIGTERM has drained (or SIGUSR1 retired it): alone (binding the port
     itself), or as worker `slot` of the supervisor's, on its shared listening socket, with
-    every worker's readiness in `shared` (service.supervisor.Shared). Returns the exit status."""
+    every worker's readiness in `shared` (service.supervisor.Shared). `warm_first`: accept no
+    connection until every model is warm (other workers serve meanwhile). Returns the exit
+    status."""
     from runtime.batching import Activity
     from service.app import create_app
 
@@ -432,6 +441,7 @@ def run_worker(
         state.worker = slot
         state.peers_ready = shared.all_ready
         state.activity = Activity(shared.in_flight, slot)
+        state.warm_first = warm_first
     raise_open_files(settings.max_connections)
     config = uvicorn_config(app, settings)
     server = DrainingServer(config, state, settings.drain_timeout_s, slot, shared)

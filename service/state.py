@@ -36,6 +36,8 @@ class ServiceState:
     worker: int | None = None  # this process's slot among the supervisor's workers
     peers_ready: Callable[[], bool] = lambda: True  # every worker ready (workers > 1)
     retiring: bool = False  # replaced for its memory: finishing its connections (server.py)
+    # Started in another worker's place: the start-up (and so accepting) waits for warm-up.
+    warm_first: bool = False
     trimmer: Trimmer = field(default_factory=Trimmer)
     # API requests in flight, here (`in_flight`) and, as a supervisor's worker, in the other
     # workers: a lone one's model call may take every core (runtime.batching.Activity).
@@ -136,11 +138,17 @@ class ServiceState:
 
     async def start(self) -> None:
         """Load every bundle (errors stop the start-up), then warm up in the background:
-        /health/live answers at once, /health/ready only once every model is warm."""
+        /health/live answers at once, /health/ready only once every model is warm. With
+        `warm_first` the start-up, and so the server's accepting, waits for the warm-up, and a
+        failed one stops the process."""
         await asyncio.to_thread(self.load)
         for model in self.models.values():
             model.batcher.start()
         self._warming = asyncio.create_task(self._warm())
+        if self.warm_first:
+            await asyncio.shield(self._warming)
+            if self.failed is not None:
+                raise RuntimeError(self.failed)
 
     async def _warm(self) -> None:
         try:

@@ -4,11 +4,17 @@ One event loop cannot keep a fast model busy (it tokenises, parses and answers e
 so the supervisor binds the port once and starts `workers` processes that all accept on it,
 each with its own ONNX Runtime sessions and a share of the cores. It:
 
-- keeps every worker's readiness in shared memory, so that any worker's /health/ready is true
-  only when all of them are ready;
+- keeps every worker's readiness in shared memory: until the service is first ready, any
+  worker's /health/ready is true only when all of them are ready; from then on a worker
+  started in another's place (a replacement, a recycled worker's successor) accepts no
+  connection until it is warm, so each worker that answers speaks for itself and a dead
+  worker does not take the pod out of rotation;
 - points prometheus_client's multiprocess mode at one directory, so that any worker's /metrics
   is the whole service (counters summed, histograms merged, gauges as service.metrics says);
-- replaces a worker that dies (and forgets its live gauges);
+- replaces a worker that dies (and forgets its live gauges; the requests it had in flight are
+  counted in `bertserve_worker_lost_requests_total`); a replacement that dies before it is
+  ready is started again with back-off (RETRY_S), the others serving meanwhile. Only a worker
+  that dies before the service was ever ready stops it: a new one would fail the same way;
 - replaces a worker whose memory passed `max_worker_rss_mb` without a gap: the new one starts in
   a spare slot, and only once it is ready does the old one stop accepting, finish what it
   admitted and close its connections (SIGUSR1, `server.DrainingServer.retire`);
@@ -43,6 +49,9 @@ from service.settings import Settings
 
 log = logging.getLogger("service.supervisor")
 SPAWN = multiprocessing.get_context("spawn")  # no fork: the parent holds no models or threads
+# Back-off before a worker that died starting is started again: doubling from the first, at
+# most the last (the out-of-memory killer that took it may take the next one too).
+RETRY_S = (0.5, 30.0)
 
 
 def stop_with_the_supervisor() -> None:
@@ -69,12 +78,14 @@ def engine_process_main(values: dict[str, Any], address: str, ready: Any) -> Non
     engine_main(values, address, ready)
 
 
-def worker_main(values: dict[str, Any], sock: socket.socket, slot: int, shared: Shared) -> None:
+def worker_main(
+    values: dict[str, Any], sock: socket.socket, slot: int, shared: Shared, warm_first: bool
+) -> None:
     from service.server import run_worker
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which drains
     stop_with_the_supervisor()
-    raise SystemExit(run_worker(Settings(**values), [sock], slot, shared))
+    raise SystemExit(run_worker(Settings(**values), [sock], slot, shared, warm_first))
 
 
 @dataclass
@@ -90,6 +101,7 @@ class Shared:
     counted: Any
     recycle: Any
     in_flight: Any
+    served: Any  # the service has been ready once: each worker's readiness is its own
 
     @classmethod
     def create(cls, slots: int, engine: bool) -> Shared:
@@ -99,13 +111,22 @@ class Shared:
             SPAWN.Array("b", slots, lock=False),
             SPAWN.Array("b", slots, lock=False),
             SPAWN.Array("i", slots, lock=False),
+            SPAWN.Value("b", 0, lock=False),
         )
 
     def all_ready(self) -> bool:
-        """Every counted worker, and the engine process if there is one, is ready."""
+        """What a ready worker adds to its own readiness: the engine process, if there is one,
+        is ready, and, until the service was first ready, so is every counted worker. After
+        that a worker started in another's place accepts nothing until it is warm
+        (`warm_first`), so a worker that answers is one that serves."""
         slots = len(self.counted)
+        engine = all(self.ready[slots:])
+        if self.served.value:
+            return engine
         workers = all(r or not c for r, c in zip(self.ready[:slots], self.counted, strict=True))
-        return workers and all(self.ready[slots:])
+        if workers and engine:
+            self.served.value = 1
+        return workers and engine
 
     def active_connections(self, slot: int) -> tuple[list[int], int]:
         """The open connections of the counted workers and `slot`, and `slot`'s index there."""
@@ -126,6 +147,9 @@ class Supervisor:
         self.engine_address = ""
         self.workers: list[Any] = [None] * self.slots
         self.served = [False] * self.slots  # has this slot's current process ever been ready?
+        self.failures = [0] * self.slots  # its processes that died starting, in a row
+        self.pending: dict[int, tuple[float, bool]] = {}  # slot -> (start it at, counted)
+        self.lost: Any = None  # the counter of requests a dead worker had in flight
         self.recycling: tuple[int, int] | None = None  # (old slot, its successor's)
         self.stopping = False
         self.failed = False
@@ -190,7 +214,9 @@ class Supervisor:
 
     def start(self, slot: int, sock: socket.socket, counted: bool = True) -> None:
         """A worker in `slot`; `counted`: readiness waits for it (a successor is counted only
-        once it is ready)."""
+        once it is ready). Once any worker has been ready, the new one takes no connection
+        until it is warm: the others serve meanwhile."""
+        self.pending.pop(slot, None)
         self.ready[slot] = 0
         self.shared.connections[slot] = 0
         self.shared.counted[slot] = int(counted)
@@ -199,9 +225,10 @@ class Supervisor:
         self.served[slot] = False
         values = self.values()
         values["port"] = sock.getsockname()[1]
+        warm_first = bool(self.shared.served.value) or any(self.served)
         process = SPAWN.Process(
             target=worker_main,
-            args=(values, sock, slot, self.shared),
+            args=(values, sock, slot, self.shared, warm_first),
             name=f"bertserve-{slot}",
         )
         process.start()
@@ -213,6 +240,7 @@ class Supervisor:
         warn_if_exposed(self.settings)
         metrics_dir = tempfile.mkdtemp(prefix="bertserve-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # the workers inherit it
+        self.lost = lost_requests_counter()
         sock = self.sock = self.bind()
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, self.on_signal)
@@ -248,9 +276,14 @@ class Supervisor:
                 self.start(slot, sock)
             while not self.stopping:
                 for slot, process in enumerate(self.workers):
-                    self.served[slot] |= bool(self.ready[slot])
+                    if self.ready[slot] and not self.served[slot]:
+                        self.served[slot], self.failures[slot] = True, 0
                     if not self.stopping and process is not None and not process.is_alive():
                         self.replace(slot, process, sock)
+                now = time.monotonic()
+                for slot, (due, counted) in list(self.pending.items()):
+                    if now >= due and not self.stopping:
+                        self.start(slot, sock, counted)
                 if not self.stopping:
                     self.recycle(sock)
                 engine_lost = self.engine is not None and not self.watch_engine(engine_dir)
@@ -282,7 +315,10 @@ class Supervisor:
         shared = self.shared
         if self.recycling is None:
             # The spare slot is free again once the last worker retired has exited.
-            spare = next((i for i, p in enumerate(self.workers) if p is None), None)
+            spare = next(
+                (i for i, p in enumerate(self.workers) if p is None and i not in self.pending),
+                None,
+            )
             for slot, process in enumerate(self.workers):
                 if spare is None:
                     return
@@ -314,18 +350,43 @@ class Supervisor:
             log.info("worker %d (pid %d) retired with %s", slot, process.pid, process.exitcode)
             self.workers[slot] = None
             return
-        if not self.served[slot]:  # it never got ready: a new one would fail the same way
+        if not self.served[slot]:
+            if not any(self.served) and not self.shared.served.value:
+                # No worker ever got ready: a new one would fail the same way.
+                log.error(
+                    "worker %d (pid %d) exited with %s before it was ready: stopping",
+                    slot,
+                    process.pid,
+                    process.exitcode,
+                )
+                self.failed = True
+                self.on_signal(signal.SIGTERM, None)
+                return
+            # Others serve: the out-of-memory killer, most likely, which recycling meets when
+            # memory is tight. Try again, with back-off, while they go on.
+            self.failures[slot] += 1
+            first, most = RETRY_S
+            delay = min(most, first * 2 ** (self.failures[slot] - 1))
             log.error(
-                "worker %d (pid %d) exited with %s before it was ready: stopping",
+                "worker %d (pid %d) exited with %s before it was ready: starting it again in "
+                "%.1f s",
                 slot,
                 process.pid,
                 process.exitcode,
+                delay,
             )
-            self.failed = True
-            self.on_signal(signal.SIGTERM, None)
+            self.workers[slot] = None
+            self.pending[slot] = (time.monotonic() + delay, bool(self.shared.counted[slot]))
             return
+        lost = self.shared.in_flight[slot]
+        if self.lost is not None and lost > 0:
+            self.lost.inc(lost)
         log.error(
-            "worker %d (pid %d) died with %s: replacing it", slot, process.pid, process.exitcode
+            "worker %d (pid %d) died with %s and %d requests in flight: replacing it",
+            slot,
+            process.pid,
+            process.exitcode,
+            lost,
         )
         self.start(slot, sock)
 
@@ -355,3 +416,18 @@ class Supervisor:
         codes = [p.exitcode for i, p in enumerate(self.workers) if p is not None and self.served[i]]
         log.info("workers exited with %s", codes)
         return 0 if all(code == 0 for code in codes) else 1
+
+
+def lost_requests_counter() -> Any:
+    """`bertserve_worker_lost_requests_total`, kept by the supervisor in the workers' metrics
+    directory, so any worker's /metrics shows it. prometheus_client chose its value class when
+    it was imported, maybe before the directory was set: the multiprocess one is asked for."""
+    from prometheus_client import Counter, values
+
+    if values.ValueClass is values.MutexValue:
+        values.ValueClass = values.MultiProcessValue()
+    return Counter(
+        "bertserve_worker_lost_requests",
+        "Requests a worker had in flight when it died (their clients got no answer)",
+        registry=None,
+    )
