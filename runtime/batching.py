@@ -22,10 +22,11 @@ the loop itself dies it is restarted and readiness is false until it is.
 
 A lone request, one row with nothing queued behind it and no other request in flight in any
 process on these cores (`Activity`), runs alone: on the backend's lone session, which has every core
-(runtime.engine), and on the event loop's own thread, since handing a 3 ms call to the model's
-thread and its answer back cost 0.38 ms at the median (docs/performance.md). The loop waits
-for that one call: a request that arrives meanwhile is read when it ends, one row's call
-later. Everything else runs as above.
+(runtime.engine). A lone call that costs little runs on the event loop's own thread, since
+handing a 3 ms call to the model's thread and its answer back cost 0.38 ms at the median
+(docs/performance.md); the loop waits for that one call, so only a call measured to take at
+most `LoneCost.INLINE_S` does (a heavy one on the loop held /health/live for 600 ms). A heavier
+lone call goes to the model's thread, still on the lone session. Everything else runs as above.
 """
 
 from __future__ import annotations
@@ -149,6 +150,41 @@ class CallCost:
         return (fixed + self.around_s) / per_token
 
 
+class LoneCost:
+    """Whether a lone call may run on the event loop's thread: its padded tokens times the cost
+    of a token in lone calls, as measured (the highest recent rate, decaying by DECAY a call:
+    a short call's fixed cost makes its rate high, which errs towards the model's thread), is
+    at most INLINE_S. A call with more fill-mask slots than any measured one (each slot is a
+    vocabulary-wide product: 126 of them took 400-700 ms), or before anything is measured,
+    goes to the model's thread."""
+
+    INLINE_S = 0.01  # a fifth of the 50 ms liveness bound (docs/architecture.md)
+    DECAY = 0.95
+
+    def __init__(self) -> None:
+        self.per_token: float | None = None
+        self.slots = 0  # the most fill-mask slots a measured call had
+
+    def observe(self, feeds: dict[str, np.ndarray], seconds: float) -> None:
+        tokens, slots = self._size(feeds)
+        rate = seconds / max(tokens, 1)
+        self.per_token = rate if self.per_token is None else max(rate, self.DECAY * self.per_token)
+        self.slots = max(self.slots, slots)
+
+    def inline(self, feeds: dict[str, np.ndarray]) -> bool:
+        tokens, slots = self._size(feeds)
+        return (
+            self.per_token is not None
+            and slots <= self.slots
+            and tokens * self.per_token <= self.INLINE_S
+        )
+
+    @staticmethod
+    def _size(feeds: dict[str, np.ndarray]) -> tuple[int, int]:
+        slots = feeds.get("mask_positions")
+        return feeds["input_ids"].size, 0 if slots is None else slots.size
+
+
 class Limits(Protocol):
     """The batcher's settings (the service's `Settings` has them; any object with them does)."""
 
@@ -232,6 +268,7 @@ class Batcher:
         self.rows_per_s = 0.0  # measured drain rate (EWMA over cycles); 0: none measured yet
         self.cycle_s = 0.0  # measured time of one batch cycle (EWMA); 0: none measured yet
         self.cost = CallCost()  # what another call costs against padding (_select)
+        self.lone_cost = LoneCost()  # what a lone call costs the event loop if it runs there
         # Labelled children bound once: `labels()` costs a lock and a lookup on every call.
         self._dropped = {
             r: metrics.dropped.labels(name, r) for r in ("cancelled", "expired", "overdue")
@@ -365,8 +402,9 @@ class Batcher:
             self._running = batch
             if alone:
                 self._lone_calls.inc()
+            inline = alone and self.lone_cost.inline(feeds)
             try:
-                if alone:  # on this thread: no hand-off to the model's thread and back
+                if inline:  # on this thread: no hand-off to the model's thread and back
                     outputs, call_s = self._run(feeds, alone)
                 else:
                     outputs, call_s = await loop.run_in_executor(
@@ -399,6 +437,7 @@ class Batcher:
                 )
             now = time.monotonic()
             if alone:  # on more threads than a loaded server has: not the rate under load
+                self.lone_cost.observe(feeds, call_s)
                 cycle_start = now
                 continue
             # Rows served per second of a whole cycle (waiting for the loop, padding, the model,

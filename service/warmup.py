@@ -29,6 +29,11 @@ def warm_up(models: Iterable[Model], settings: Settings) -> None:
         if isinstance(model.engine, Engine) and model.engine.runs_alone:
             for feeds in (shapes[0], shapes[-1]):  # the lone session's: one row, any length
                 model.engine.run(feeds, alone=True)
+                # Timed once warm: whether a lone call of this size may run on the event loop.
+                call = time.perf_counter()
+                model.engine.run(feeds, alone=True)
+                seconds = time.perf_counter() - call
+                model.batcher.lone_cost.observe(feeds, seconds)
         if model.batcher.positions is not None:
             probe_slots(model, shapes[0], first)
         log.info(

@@ -19,6 +19,7 @@ from runtime.batching import (
     Activity,
     Batcher,
     CallCost,
+    LoneCost,
     Row,
     _Item,
     _Request,
@@ -364,8 +365,11 @@ def serve(engine, bursts, activity=None):
 
 
 def test_a_lone_request_runs_alone_on_the_event_loop_with_the_same_answer(lone_engine):
+    """The first lone call has no measured cost and runs on the model's thread; once a call
+    is measured cheap, the next runs on the loop's own."""
     calls, answers, batcher, loop_thread = serve(lone_engine, [[6], [9]])
-    assert calls == [(1, True, loop_thread), (1, True, loop_thread)]
+    assert [(rows, alone) for rows, alone, _ in calls] == [(1, True), (1, True)]
+    assert calls[0][2].startswith("infer-m") and calls[1][2] == loop_thread
     row = {"input_ids": np.arange(5, 11, dtype=np.int64)[None, :]}
     row |= {
         "attention_mask": np.ones((1, 6), np.int64),
@@ -393,7 +397,7 @@ def test_a_request_in_another_worker_keeps_a_lone_row_off_every_core(lone_engine
     assert calls[0][2] != loop_thread
     assert batcher.metrics.lone_calls.labels("m")._value.get() == 0
     calls, _, _, loop_thread = serve(lone_engine, [[6]], Activity([1, 0], slot=0))
-    assert calls == [(1, True, loop_thread)]  # this worker's request is the only one
+    assert [(rows, alone) for rows, alone, _ in calls] == [(1, True)]  # the only one
 
 
 def test_without_a_lone_session_nothing_runs_on_the_event_loop(bundle_dir):
@@ -405,3 +409,67 @@ def test_without_a_lone_session_nothing_runs_on_the_event_loop(bundle_dir):
     calls, _, _, loop_thread = serve(engine, [[6]])
     assert [(rows, alone) for rows, alone, _ in calls] == [(1, False)]
     assert calls[0][2] != loop_thread
+
+
+class Heavy:
+    """A lone session whose calls take `seconds` (a long /embed, a fill-mask of 126 slots)."""
+
+    runs_alone = True
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.threads: list[str] = []
+
+    def run(self, feeds, alone=False):
+        self.threads.append(threading.current_thread().name)
+        time.sleep(self.seconds)
+        return {"logits": np.zeros((len(feeds["input_ids"]), 2), np.float32)}
+
+
+def test_heavy_lone_calls_leave_the_event_loop_free():
+    """The review's finding: back to back heavy lone requests ran on the loop's thread and
+    held /health/live for up to 624 ms. A call measured (or not yet measured) to cost more
+    than LoneCost.INLINE_S runs on the model's thread: the loop's lag stays small."""
+
+    async def run():
+        backend = Heavy(0.08)
+        batcher = Batcher("m", backend, Settings(), Metrics(), {"logits": "row"}, 0, None)
+        batcher.start()
+        lags: list[float] = []
+        done = asyncio.Event()
+
+        async def probe():
+            while not done.is_set():
+                started = time.perf_counter()
+                await asyncio.sleep(0.002)
+                lags.append(time.perf_counter() - started - 0.002)
+
+        prober = asyncio.create_task(probe())
+        for n in (6, 9, 12, 7):
+            row = Row(np.arange(5, 5 + n, dtype=np.int64), np.zeros(n, np.int64))
+            await gather(batcher.enqueue([row]))
+        done.set()
+        await prober
+        await batcher.stop()
+        return backend.threads, lags, threading.current_thread().name
+
+    threads, lags, loop_thread = asyncio.run(run())
+    assert len(threads) == 4 and loop_thread not in threads
+    assert max(lags) < 0.05, max(lags)
+
+
+def test_lone_cost_keeps_more_mask_slots_than_measured_off_the_loop():
+    cost = LoneCost()
+    small = {"input_ids": np.zeros((1, 16), np.int64), "mask_positions": np.zeros((1, 1))}
+    assert not cost.inline(small)  # nothing measured
+    cost.observe(small, 0.002)
+    assert cost.inline(small)
+    many = {"input_ids": np.zeros((1, 16), np.int64), "mask_positions": np.zeros((1, 12))}
+    assert not cost.inline(many)  # its slots' cost is not measured
+    long = {"input_ids": np.zeros((1, 512), np.int64)}
+    assert not cost.inline(long)  # 512 x 125 us: over INLINE_S
+    cost.observe(many, 0.5)  # measured heavy: the rate errs high, and decays
+    assert not cost.inline(small)
+    for _ in range(200):
+        cost.observe(small, 0.002)
+    assert cost.inline(small)

@@ -13,7 +13,8 @@ import time
 import httpx
 import pytest
 
-from tests.helpers.server import live_server
+from runtime.batching import LoneCost
+from tests.helpers.server import live_server, probe_live_while
 
 pytestmark = pytest.mark.slow
 KEY = "second-review-key-0123456789"
@@ -123,3 +124,44 @@ def test_chunked_bodies_with_trailers_and_large_chunks_are_served(server):
     assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
     with httpx.Client() as c:
         assert c.get(f"{server.url}/health/live").status_code == 200
+
+
+# --- 5. the lone path ran heavy calls on the event loop ----------------------------------------
+
+
+class SlowLone:
+    """The model, with every lone-session call made `seconds` slower: the review's 400-700 ms
+    calls (126 [MASK]s, a long /embed on its CPU), on any machine (a fault injected)."""
+
+    def __init__(self, engine, seconds: float) -> None:
+        self.engine, self.seconds = engine, seconds
+        self.runs_alone = engine.runs_alone
+
+    def run(self, feeds, alone=False):
+        if alone:
+            time.sleep(self.seconds)
+        return self.engine.run(feeds, alone=alone)
+
+
+def test_heavy_lone_requests_leave_liveness_prompt(bundle_dir):
+    """Before: heavy lone calls ran on the loop's thread, back to back, and held /health/live
+    up to 624 ms. Now a lone call measured (or not yet measured) heavier than
+    LoneCost.INLINE_S runs on the model's thread, still on the lone session."""
+    with live_server(bundles=bundle_dir, lone_threads=2) as live:
+        batcher = live.state.models["sentiment"].batcher
+        assert batcher.backend.runs_alone
+        batcher.backend = SlowLone(batcher.backend, 0.15)
+        batcher.lone_cost = LoneCost()  # the warm-up measured the model before it was slowed
+
+        def work() -> list[int]:
+            with live.client() as c:
+                return [c.post("/classify", json={"inputs": "fine"}).status_code for _ in range(8)]
+
+        latencies, statuses = probe_live_while(live, work)
+        with live.client() as c:
+            lone = c.get("/metrics").text
+    assert statuses == [200] * 8
+    assert 'bertserve_lone_calls_total{model="sentiment"} 8.0' in lone  # on the lone session
+    latencies.sort()
+    p99 = latencies[int(0.99 * (len(latencies) - 1))]
+    assert p99 < 0.05 and latencies[-1] < 0.1, (p99, latencies[-3:])
