@@ -10,7 +10,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: help check-python install install-serve test lint format serve clean pretrained teacher \
-	finetune soup student-init student bundle embeddings pretrained-minilm pretrained-minilm-continue models bench reliability bench-minilm reliability-minilm image-test bench-families
+	lock finetune soup student-init student bundle embeddings pretrained-minilm pretrained-minilm-continue models bench reliability bench-minilm reliability-minilm image-test bench-families
 
 help:
 	@echo "make test    lint and run the test suite (creates $(VENV) on first use)"
@@ -24,10 +24,10 @@ help:
 check-python:
 	@test -x $(PY) || bash tools/check-python.sh "$(PYTHON)"
 
-$(STAMP): pyproject.toml | check-python
+$(STAMP): pyproject.toml constraints.txt | check-python
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $@
 
 install: $(STAMP)
@@ -46,11 +46,23 @@ test: lint
 
 # Serving needs only the cpu extra (no torch): a fresh clone installs that much and serves.
 SERVE_STAMP := $(VENV)/.installed-serve
-$(SERVE_STAMP): pyproject.toml | check-python
+$(SERVE_STAMP): pyproject.toml constraints.txt | check-python
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[cpu]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[cpu]"
 	touch $@
+
+# constraints.txt, resolved anew: pyproject.toml's cpu, train and dev extras in a fresh
+# virtualenv, frozen (local version labels such as torch's +cpu dropped). Then `make test`.
+lock: check-python
+	rm -rf runs/lock-venv
+	$(PYTHON) -m venv runs/lock-venv
+	runs/lock-venv/bin/pip install --quiet --upgrade pip
+	runs/lock-venv/bin/pip install --quiet ".[cpu,train,dev]"
+	{ sed -n '/^#/p' constraints.txt; runs/lock-venv/bin/pip freeze --exclude-editable | \
+		grep -v '^bertserve' | sed 's/+[a-z0-9.]*$$//'; } > constraints.new
+	mv constraints.new constraints.txt
+	rm -rf runs/lock-venv
 
 install-serve: $(SERVE_STAMP)
 
@@ -76,7 +88,7 @@ $(BENCH_STAMP): pyproject.toml
 	@test -x $(BENCH_VENV)/bin/python || bash tools/check-python.sh "$(PYTHON)"
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/pip install --quiet --upgrade pip
-	$(BENCH_VENV)/bin/pip install --quiet -e ".[cpu,train,dev,bench]"
+	$(BENCH_VENV)/bin/pip install --quiet -c constraints.txt -e ".[cpu,train,dev,bench]"
 	touch $@
 
 bench: $(BENCH_STAMP)  ## docs/benchmarks.md + docs/img/bench-*.png

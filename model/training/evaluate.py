@@ -368,9 +368,48 @@ def evaluate(task: str, bundle: Path, data_dir: Path) -> dict[str, Any]:
     return EVALUATORS[task](runner, data_dir)
 
 
+# The instruction sets that choose ONNX Runtime's int8 and float kernels on x86-64: an int8
+# model's answers differ with them in the third decimal (docs/model-card.md, "Across CPUs").
+KERNEL_FEATURES = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "amx_int8",
+)
+
+
+def machine() -> dict[str, Any]:
+    """The CPU and ONNX Runtime a figure was measured on: its model name and the instruction
+    sets among KERNEL_FEATURES it has (empty off Linux x86-64)."""
+    import platform
+
+    import onnxruntime
+
+    name, flags = platform.processor(), set[str]()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                name = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    return {
+        "cpu": name,
+        "isa": [f for f in KERNEL_FEATURES if f in flags],
+        "onnxruntime": onnxruntime.__version__,
+    }
+
+
 def record(bundle: Path, task: str, result: dict[str, Any]) -> None:
-    """Write `result` into the bundle's bundle.json as metrics[task], validated as the service
-    will read it."""
+    """Write `result` into the bundle's bundle.json as metrics[task], with the machine it was
+    measured on, validated as the service will read it."""
+    result = {**result, "machine": machine()}
     path = bundle / "bundle.json"
     spec = load_bundle_spec(bundle)
     updated = spec.model_copy(update={"metrics": {**spec.metrics, task: result}})

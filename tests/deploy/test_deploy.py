@@ -251,10 +251,10 @@ def test_install_command_is_one_path():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     for extra, dockerfile in DOCKERFILES.items():
-        command = f'pip install ".[{extra}]"'
+        command = f'pip install -c constraints.txt ".[{extra}]"'
         assert f"RUN {command}" in dockerfile.read_text()
         assert command in readme, f"README lacks {command}"
-    assert 'pip" install ".[cpu]"' in ci  # the same install, in a venv per Python
+    assert 'pip" install -c constraints.txt ".[cpu]"' in ci  # the same, in a venv per Python
 
 
 def test_compose_is_hardened_and_private_by_default():

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from runtime.tasks import TASKS
 from tests.helpers.server import live_server
 
 pytestmark = pytest.mark.slow
@@ -73,7 +75,7 @@ def flatten(value: Any, key: str = "") -> list[tuple[str, Any]]:
     return [(key, value)]
 
 
-def matches(printed: tuple[str, str], got: tuple[str, Any]) -> bool:
+def matches(printed: tuple[str, str], got: tuple[str, Any], slack: float = 0.0) -> bool:
     (key, text), (got_key, value) = printed, got
     if key != got_key:
         return False
@@ -81,13 +83,36 @@ def matches(printed: tuple[str, str], got: tuple[str, Any]) -> bool:
         return value == text[1:-1]
     if text in ("true", "false"):
         return value is (text == "true")
-    return isinstance(value, int | float) and abs(float(text) - value) <= tolerance(text)
+    return isinstance(value, int | float) and abs(float(text) - value) <= tolerance(text, slack)
 
 
-def tolerance(printed: str) -> float:
-    """Half a unit of the last printed place, and a little for another machine's rounding."""
+# int8 matrix kernels differ by CPU features (AVX2, AVX-512, VNNI), and so does an int8 model's
+# answer in the third decimal. Measured: an AVX2 EPYC without VNNI answered 0.9958 where an
+# AVX-512 VNNI Xeon answers 0.9964 (sst2-distilled-2x192), and 0.9958 against 0.995
+# (conll-minilm): 8e-4 at most; allowed 2.5 times that (docs/model-card.md, "Across CPUs").
+INT8_ACROSS_CPUS = 2e-3
+
+
+def tolerance(printed: str, across_cpus: float = 0.0) -> float:
+    """Half a unit of the last printed place, a little for another machine's rounding, and
+    `across_cpus` where the answering model computes in int8."""
     places = len(printed.split(".")[1]) if "." in printed else 0
-    return 0.5 * 10**-places + 2e-4
+    return 0.5 * 10**-places + 2e-4 + across_cpus
+
+
+def across_cpus(server, path: str) -> float:
+    """INT8_ACROSS_CPUS if the model that answers `path` (with its ?model=) runs int8 matrix
+    kernels, else 0: fp32 and fp16 weights, and int8 or 4-bit word tables (dequantised before
+    any product), compute alike on every x86-64 CPU."""
+    route, _, query = path.partition("?")
+    name = dict(urllib.parse.parse_qsl(query)).get("model")
+    task = TASKS.get(route)
+    if name is not None:
+        model = server.state.models.get(name)
+    else:
+        model = server.state.defaults.get(task.capability) if task is not None else None
+    precision = model.spec.precision if model is not None else ""
+    return INT8_ACROSS_CPUS if precision.startswith("int8") else 0.0
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +136,7 @@ def test_a_readme_example_prints_the_real_answer(server, path, body, printed):
         pytest.skip(f"{path}: no bundle in bundles/ serves it (the text says whose answer it is)")
     assert response.status_code == 200, response.text
     leaves = flatten(response.json())
+    slack = across_cpus(server, path)
     if not printed:  # described in prose: it answers
         return
     shown = [(m.group(1), m.group(2)) for m in PAIR.finditer(printed)]
@@ -118,14 +144,16 @@ def test_a_readme_example_prints_the_real_answer(server, path, body, printed):
         numbers = NUMBER.findall(printed)
         assert numbers, f"nothing to check in {printed!r}"
         got = [v for _, v in leaves[: len(numbers)]]
-        assert all(abs(float(a) - b) <= tolerance(a) for a, b in zip(numbers, got, strict=True)), (
+        assert all(
+            abs(float(a) - b) <= tolerance(a, slack) for a, b in zip(numbers, got, strict=True)
+        ), (
             numbers,
             got,
         )
         return
     position = 0
     for pair in shown:  # each printed value, in order, among the answer's
-        while position < len(leaves) and not matches(pair, leaves[position]):
+        while position < len(leaves) and not matches(pair, leaves[position], slack):
             position += 1
         assert position < len(leaves), f"README prints {pair}, the answer is {response.text}"
         position += 1
