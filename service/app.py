@@ -136,11 +136,12 @@ class RequestContext:
         metrics = self.state.metrics
         app = self.app
         # The gate (service.admission) is the protocol's (service.protocol): what reaches the
-        # app was admitted there, and an API request holds an in-flight slot until it is
-        # answered. The probes and /metrics answer from memory and hold no slot: no number of
-        # them can crowd out keyed work. Then the API key, before the body is read.
+        # app was admitted there, with its Slot (service.state), which holds an in-flight slot
+        # from its complete body until it is answered. The probes and /metrics answer from
+        # memory and hold no slot: no number of them can crowd out keyed work. Then the API
+        # key, before the body is read.
         path = scope["path"]
-        counted = path not in PUBLIC_PATHS and ADMITTED in scope.get("extensions", {})
+        slot = scope.get("extensions", {}).get(ADMITTED)
         keys = self.metrics_keys if path == "/metrics" else self.keys
         if keys and (path not in PUBLIC_PATHS or path == "/metrics"):
             try:
@@ -150,8 +151,8 @@ class RequestContext:
         try:
             await app(scope, receive, send_with_id)
         finally:
-            if counted:
-                self.state.leave()
+            if slot is not None:
+                slot.release()
             elapsed = time.perf_counter() - started
             endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
             metrics.request_done(endpoint, status, elapsed if scope["method"] == "POST" else None)

@@ -18,10 +18,11 @@ task (so they cost a few microseconds, not a request's worth of Python):
   service drains, or when it is past its in-flight or connection cap, or every model for the
   path has a full queue, the request is answered here with a pre-encoded 503/429 and
   `Retry-After` once its bytes are in, and its body is dropped unread into the parser; an
-  admitted one takes its in-flight slot here, so a burst read in one loop turn cannot pass the
-  cap. A request pipelined behind another meets the gate when its turn comes. Under 5x
-  overload this is what keeps every answer an HTTP answer: the event loop refuses at tens of
-  thousands a second instead of a few thousand.
+  admitted one takes its in-flight slot here once its body is complete (service.state.Slot),
+  so a burst read in one loop turn cannot pass the cap, and a body that trickles in holds no
+  slot while it does. A request pipelined behind another meets the gate when its turn comes.
+  Under 5x overload this is what keeps every answer an HTTP answer: the event loop refuses at
+  tens of thousands a second instead of a few thousand.
 
 The body's own timeout is the app's (service.app.BodyLimit)."""
 
@@ -35,7 +36,7 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httptools
 import orjson
@@ -44,6 +45,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from service.asgi import ADMITTED, CONNECTION_LOST, SAFE_ID
 from service.auth import authorizations, authorized
 from service.errors import HeadersTooLarge, NotReady, RequestTimeout, ServiceError
+
+if TYPE_CHECKING:
+    from service.state import Slot
 
 
 def response_parts(
@@ -115,7 +119,8 @@ class Connections:
         return protocol in self.anonymous and len(self.anonymous) > self.max_anonymous
 
 
-Gate = Callable[[str, str, int], "ServiceError | None"]  # (method, path, connections) -> refusal
+# (method, path, connections) -> a refusal, or the admitted request's slot (service.state.Slot)
+Gate = Callable[[str, str, int], "ServiceError | Slot"]
 Refused = Callable[[str, ServiceError], None]  # count it: (path, refusal)
 Opened = Callable[[int], None]  # a connection opened (+1) or closed (-1)
 
@@ -352,18 +357,19 @@ class GuardedProtocol(HttpToolsProtocol):
             path = httptools.parse_url(self.url).path.decode("ascii", "replace")
             if "%" in path:  # the path the app routes on, as uvicorn decodes it
                 path = urllib.parse.unquote(path)
-            # Last, the gate: an admitted API request holds its in-flight slot from here on.
-            refusal = self._decide(method, path)
-            if refusal is not None:
-                self._refusal, self._refusal_path = refusal, path
+            # Last, the gate: an admitted API request's slot, taken once its body is complete.
+            decision = self._decide(method, path)
+            if isinstance(decision, ServiceError):
+                self._refusal, self._refusal_path = decision, path
                 return
-            self.scope.setdefault("extensions", {})[ADMITTED] = {}
+            extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
+            extensions[ADMITTED] = decision
         super().on_headers_complete()
         if type(self.cycle) is RequestResponseCycle:
             self.cycle.__class__ = OneWriteCycle
 
-    def _decide(self, method: str, path: str) -> ServiceError | None:
-        """The gate, once a request: why it is answered at once, or None (admitted)."""
+    def _decide(self, method: str, path: str) -> ServiceError | Slot:
+        """The gate, once a request: why it is answered at once, or its slot (admitted)."""
         crowded = ANONYMOUS_CROWDED if self.policy.crowded(self) else None
         return crowded or self.gate(method, path, len(self.connections))  # type: ignore[misc]
 
@@ -371,16 +377,18 @@ class GuardedProtocol(HttpToolsProtocol):
         """A request pipelined behind another meets the gate here, when its turn comes: at its
         headers it would have taken a slot while it waited, and its refusal could not be
         written before the answer ahead of it. A refusal is sent as the app's error response."""
-        extensions = cycle.scope.setdefault("extensions", {})
+        extensions: dict[str, Any] = cycle.scope.setdefault("extensions", {})
         if self.gate is not None and ADMITTED not in extensions:
             path = cycle.scope["path"]
-            refusal = self._decide(cycle.scope["method"], path)
-            if refusal is None:
-                extensions[ADMITTED] = {}
-            else:
+            decision = self._decide(cycle.scope["method"], path)
+            if isinstance(decision, ServiceError):
                 if self.refused is not None:
-                    self.refused(path, refusal)
-                app = refusal_app(refusal)
+                    self.refused(path, decision)
+                app = refusal_app(decision)
+            else:
+                extensions[ADMITTED] = decision
+                if not cycle.more_body:  # its body is in already
+                    decision.take()
         super()._start_asgi_task(cycle, app)
 
     def on_body(self, body: bytes) -> None:
@@ -393,7 +401,11 @@ class GuardedProtocol(HttpToolsProtocol):
         self._in_head = True
         refusal = self._refusal
         if refusal is None:
-            return super().on_message_complete()
+            super().on_message_complete()
+            slot: Slot | None = self.scope.get("extensions", {}).get(ADMITTED)  # type: ignore[assignment]
+            if slot is not None:
+                slot.take()  # its body is complete: now it can run, and holds a slot
+            return None
         self._refusal = None
         if self.refused is not None:
             self.refused(self._refusal_path, refusal)

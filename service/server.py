@@ -275,7 +275,7 @@ class DrainingServer(uvicorn.Server):
                 quiet = getattr(connection, "quiet_for", None)  # service.protocol's connections
                 if quiet is None or quiet() > RETIRE_QUIET_S:
                     connection.shutdown()  # one with a request waiting in its socket reads it
-            if not self.server_state.connections and self.state.in_flight == 0:
+            if not self.server_state.connections and self.state.unanswered == 0:
                 break
             await asyncio.sleep(0.05)
         self.should_exit = True
@@ -318,7 +318,7 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
             return
         deadline = time.monotonic() + self.drain_timeout
-        while self.state.in_flight > 0 and time.monotonic() < deadline:
+        while self.state.unanswered > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         taken = await self._take_backlog(deadline)
         logging.getLogger("service").info(

@@ -24,6 +24,46 @@ from service.warmup import warm_up
 log = logging.getLogger(__name__)
 
 
+class Slot:
+    """An admitted API request's place, taken and released by this one object: while its body
+    arrives it only counts as `receiving`; once the body is complete (`take`, by the protocol)
+    it holds an in-flight slot, until it is answered or its client leaves (`release`, by the
+    app). A request still sending its body holds no in-flight slot, so slow bodies cannot
+    crowd out requests that can run (64 of them locked every keyed user out for 29 s); the
+    drain waits for both. Each step happens at most once, in this order."""
+
+    __slots__ = ("stage", "state")
+    RECEIVING, IN_FLIGHT, DONE = range(3)
+
+    def __init__(self, state: ServiceState | None) -> None:
+        self.state, self.stage = state, self.RECEIVING
+        if state is not None:
+            state.receiving += 1
+
+    def take(self) -> None:
+        state = self.state
+        if state is None or self.stage != self.RECEIVING:
+            return
+        self.stage = self.IN_FLIGHT
+        state.receiving -= 1
+        state.activity.begin()
+        state.metrics.in_flight.inc()
+
+    def release(self) -> None:
+        state, stage = self.state, self.stage
+        if state is None or stage == self.DONE:
+            return
+        self.stage = self.DONE
+        if stage == self.RECEIVING:
+            state.receiving -= 1
+        else:
+            state.activity.end()
+            state.metrics.in_flight.dec()
+
+
+FREE = Slot(None)  # the probes' and /metrics': they answer from memory and hold nothing
+
+
 @dataclass
 class ServiceState:
     settings: Settings
@@ -42,24 +82,24 @@ class ServiceState:
     # API requests in flight, here (`in_flight`) and, as a supervisor's worker, in the other
     # workers: a lone one's model call may take every core (runtime.batching.Activity).
     activity: Activity = field(default_factory=Activity)
+    receiving: int = 0  # admitted API requests whose body is still arriving (Slot)
     _warming: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.settings)
 
-    def admit(self, method: str, path: str, connections: int = 0) -> ServiceError | None:
+    def admit(self, method: str, path: str, connections: int = 0) -> ServiceError | Slot:
         """The gate, decided once a request (service.admission): why it is answered at once,
-        or None, and then an API request holds an in-flight slot from here on, until `leave`."""
+        or the admitted request's Slot (an in-flight slot once its body is complete)."""
         refusal = self.admission.refusal(self, method, path, connections)
-        if refusal is None and path not in PUBLIC_PATHS:
-            self.activity.begin()
-            self.metrics.in_flight.inc()
-        return refusal
+        if refusal is not None:
+            return refusal
+        return FREE if path in PUBLIC_PATHS else Slot(self)
 
-    def leave(self) -> None:
-        """An admitted API request is answered (or its client left): its slot is free."""
-        self.activity.end()
-        self.metrics.in_flight.dec()
+    @property
+    def unanswered(self) -> int:
+        """Admitted API requests not yet answered: in flight, or still sending their body."""
+        return self.in_flight + self.receiving
 
     @property
     def in_flight(self) -> int:
@@ -116,8 +156,8 @@ class ServiceState:
         return self.ready_here and self.peers_ready()
 
     def model_for(self, task: str, name: str | None) -> Model:
-        if self.draining:
-            raise NotReady("the service is shutting down")
+        # Draining is the gate's to refuse (service.admission): a request it admitted before
+        # the signal, whose body arrived after, is served like any other.
         if not self.warmed:
             raise NotReady("the service is starting: models are not loaded and warm yet")
         if name is not None:
