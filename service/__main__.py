@@ -46,14 +46,22 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
             name = "BERTSERVE_" + "_".join(str(p) for p in error["loc"]).upper()
             print(f"error: {name}: {error['msg']}", file=sys.stderr)  # noqa: T201
         return 2
-    from runtime.bundle import BUNDLE_FILE, BundleError, bundle_dirs, load_bundle_spec
+    from runtime.bundle import (
+        BUNDLE_FILE,
+        BundleError,
+        bundle_dirs,
+        check_model_file,
+        load_bundle_spec,
+    )
 
-    try:  # fail fast, in one line, on a bad bundle (the lifespan would say it in a traceback)
+    # Fail fast, in one line, on a bad bundle, before any worker starts: inside one, the
+    # lifespan would say it in a traceback, seconds later, once per worker.
+    try:
         found = bundle_dirs(settings.bundles)
         if not found:
             raise BundleError(f"{settings.bundles}: no bundles (no */{BUNDLE_FILE})")
         for directory in found:
-            load_bundle_spec(directory)
+            check_model_file(directory, load_bundle_spec(directory))
     except BundleError as exc:
         print(f"error: {exc}", file=sys.stderr)  # noqa: T201
         return 2

@@ -269,7 +269,7 @@ async def ready(request: Request) -> Response:
 )
 async def metrics(request: Request) -> Response:
     state = state_of(request)
-    text = state.metrics.scrape(state.settings.metrics_cache_s)
+    text = await state.metrics.scrape(state.settings.metrics_cache_s)
     return PlainTextResponse(text, media_type=CONTENT_TYPE_LATEST)
 
 

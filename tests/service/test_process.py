@@ -134,6 +134,17 @@ def test_startup_errors_are_one_line(bundle_dir, tmp_path):
     shutil.copytree(bundle_dir / "sentiment", broken / "sentiment")
     (broken / "sentiment" / "tokenizer.json").unlink()
     assert run("--bundles", str(broken)).endswith("tokenizer.json: missing (named in bundle.json)")
+    # An altered model file: refused before any worker starts, in one line naming the file
+    # and what differs (the review saw a traceback from inside the workers, 6 s in).
+    altered = tmp_path / "altered"
+    shutil.copytree(bundle_dir / "sentiment", altered / "sentiment")
+    with (altered / "sentiment" / "model.onnx").open("ab") as f:
+        f.write(b"\0")
+    started = time.monotonic()
+    line = run("--bundles", str(altered), workers=2)
+    assert "\n" not in line and line.startswith(f"error: {altered / 'sentiment' / 'model.onnx'}")
+    assert "is not the" in line and "that bundle.json records" in line
+    assert time.monotonic() - started < 5
     assert "BERTSERVE_MAX_BATCH_TOKENS" in run("--bundles", str(bundle_dir), max_batch_tokens=4)
 
 
