@@ -186,9 +186,22 @@ def time_small(base: str, seconds: float, out: Any) -> None:
         out.put(small_p50(c, seconds))
 
 
-def send_heavy(base: str, offset: int, seconds: float, out: Any) -> None:
-    """Cycle through `heaviest()` (bodies encoded once) for `seconds`: the statuses by path."""
-    bodies = [(path, json.dumps(body).encode()) for path, body in heaviest()]
+def heaviest_qa() -> list[Request]:
+    """The two costliest /qa requests the default limits allow: many windows, and many
+    candidates a window."""
+    found = repros()
+    return [
+        found["/qa 4 kB, max_seq_len 58, stride 27, top_k 100"],
+        found["/qa 18 kB, top_k 100, max_answer_len 512"],
+    ]
+
+
+def send_heavy(
+    base: str, offset: int, seconds: float, out: Any, requests: list[Request] | None = None
+) -> None:
+    """Cycle through `requests` (default `heaviest()`; bodies encoded once) for `seconds`: the
+    statuses by path."""
+    bodies = [(path, json.dumps(body).encode()) for path, body in requests or heaviest()]
     served: dict[str, list[int]] = {}
     until = time.monotonic() + seconds
     with httpx.Client(base_url=base, headers=AUTH, timeout=60) as c:
@@ -204,29 +217,34 @@ def send_heavy(base: str, offset: int, seconds: float, out: Any) -> None:
     out.put(served)
 
 
-def expensive_clients(base: str, seconds: float) -> dict[str, Any]:
-    """Phase 2: two clients cycling through the heaviest requests while a prober times
-    /health/live and a keyed client times small requests, each a process of its own."""
+def expensive_clients(
+    base: str, seconds: float, heavy: list[Request] | None = None, clients: int = 2
+) -> dict[str, Any]:
+    """Phase 2: `clients` clients cycling through the heaviest requests (`heavy`, default
+    every endpoint's) while a prober times /health/live and a keyed client times small
+    requests, each a process of its own. Phase 6: one client, the heaviest /qa only."""
     spawn = multiprocessing.get_context("spawn")
     with httpx.Client(base_url=base, headers=AUTH, timeout=60) as c:
         idle, _ = small_p50(c, 5)
-    queues = [spawn.Queue() for _ in range(4)]
+    queues = [spawn.Queue() for _ in range(clients + 2)]
     processes = [
-        spawn.Process(target=send_heavy, args=(base, 0, seconds + 2, queues[0])),
-        spawn.Process(target=send_heavy, args=(base, 3, seconds + 2, queues[1])),
-        spawn.Process(target=probe_live, args=(base, seconds, queues[2])),
-        spawn.Process(target=time_small, args=(base, seconds, queues[3])),
+        spawn.Process(target=send_heavy, args=(base, 3 * i, seconds + 2, queues[i], heavy))
+        for i in range(clients)
     ]
-    for p in processes[:2]:
+    processes += [
+        spawn.Process(target=probe_live, args=(base, seconds, queues[clients])),
+        spawn.Process(target=time_small, args=(base, seconds, queues[clients + 1])),
+    ]
+    for p in processes[:clients]:
         p.start()
     time.sleep(2)  # the heavy clients under way first
-    for p in processes[2:]:
+    for p in processes[clients:]:
         p.start()
     results = [q.get() for q in queues]
     for p in processes:
         p.join()
-    served = {k: v for part in results[:2] for k, v in part.items()}
-    probes, (loaded, bad) = results[2], results[3]
+    served = {k: v for part in results[:clients] for k, v in part.items()}
+    probes, (loaded, bad) = results[clients], results[clients + 1]
     return {
         "idle_p50_ms": idle,
         "loaded_p50_ms": loaded,
@@ -234,7 +252,7 @@ def expensive_clients(base: str, seconds: float) -> dict[str, Any]:
         "live_max_ms": 1000 * max(probes),
         "live_p99_ms": 1000 * sorted(probes)[int(0.99 * (len(probes) - 1))],
         "heavy_statuses": {p: sorted(set(s)) for p, s in served.items()},
-        "heavy_requests": sum(len(s) for part in results[:2] for s in part.values()),
+        "heavy_requests": sum(len(s) for part in results[:clients] for s in part.values()),
     }
 
 
@@ -424,7 +442,8 @@ def main(argv: list[str] | None = None) -> None:
         "--phases",
         default="1234",
         help="which phases to run, in this order, e.g. 2; 5 (each endpoint's heaviest request "
-        "alone, the worker's memory around it) only when asked",
+        "alone, the worker's memory around it) and 6 (one client sending the heaviest /qa in "
+        "a loop, another small /classify) only when asked",
     )
     args = parser.parse_args(argv)
     port = free_port()
@@ -444,7 +463,13 @@ def main(argv: list[str] | None = None) -> None:
                     "growth_mb": rss_mb(proc.pid) - before,
                 }
                 print(name, results["repros"][name], flush=True)
-        phases = {"2": "expensive", "3": "misbehave", "4": "mixed", "5": "alone"}
+        phases = {
+            "2": "expensive",
+            "3": "misbehave",
+            "4": "mixed",
+            "5": "alone",
+            "6": "one heavy key",
+        }
         for number in dict.fromkeys(args.phases):  # in the order given: 54 = 4 after 5
             name = phases.get(number, "")
             if name:
@@ -454,6 +479,8 @@ def main(argv: list[str] | None = None) -> None:
                     results[name] = misbehave(base, args.attackers, args.seconds)
                 elif name == "alone":
                     results[name] = alone(base, proc.pid)
+                elif name == "one heavy key":
+                    results[name] = expensive_clients(base, args.seconds, heaviest_qa(), 1)
                 else:
                     results[name] = mixed(base, proc.pid, args.mixed)
                 print(name, results[name], flush=True)
