@@ -256,6 +256,72 @@ def expensive_clients(
     }
 
 
+def trailer_flood(host: str, port: int, until: float) -> int:
+    """One attacker of phase 7: a chunked /classify without a key whose trailer never ends,
+    sent 64 kB at a time, again on a new connection each time the server closes one, until
+    `until`. The connections it made."""
+    opened = 0
+    while time.monotonic() < until:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), 5) as s:
+            opened += 1
+            s.sendall(
+                b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"2\r\n{}\r\n0\r\nX-Pad: "
+            )
+            while time.monotonic() < until:
+                s.sendall(b"a" * 65536)
+    return opened
+
+
+def trailers(base: str, pids: list[int], count: int, seconds: float) -> dict[str, Any]:
+    """Phase 7: `count` trailer floods for `seconds` while a keyed client times small
+    /classify requests and a prober /health/live; each worker's resident growth."""
+    host, port = base.removeprefix("http://").split(":")
+    before = {pid: rss_mb(pid) for pid in pids}
+    until = time.monotonic() + seconds
+    opened: list[int] = []
+    attackers = [
+        threading.Thread(target=lambda: opened.append(trailer_flood(host, int(port), until)))
+        for _ in range(count)
+    ]
+    for t in attackers:
+        t.start()
+    spawn = multiprocessing.get_context("spawn")
+    probes = spawn.Queue()
+    prober = spawn.Process(target=probe_live, args=(base, seconds - 1, probes))
+    prober.start()
+    times, statuses = [], {}
+    with httpx.Client(base_url=base, headers=AUTH, timeout=30) as c:
+        while time.monotonic() < until:
+            status, elapsed = post(c, "/classify", {"inputs": "fine"})
+            statuses[status] = statuses.get(status, 0) + 1
+            times.append(elapsed)
+            time.sleep(0.05)
+    live = probes.get()
+    prober.join()
+    for t in attackers:
+        t.join()
+    return {
+        "connections_made": sum(opened),
+        "classify_statuses": statuses,
+        "classify_max_ms": 1000 * max(times),
+        "live_max_ms": 1000 * max(live),
+        "growth_mb": {pid: rss_mb(pid) - mb for pid, mb in before.items()},
+    }
+
+
+def worker_pids(supervisor: int) -> list[int]:
+    """The serving processes: the supervisor's children that run the service (or itself)."""
+    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+    found = [
+        int(pid)
+        for pid in children
+        if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        and b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    return found or [supervisor]
+
+
 def misbehave(base: str, count: int, seconds: float) -> dict[str, Any]:
     """Phase 3: `count` unauthenticated connections in four ways at once, held open."""
     host, port = base.removeprefix("http://").split(":")
@@ -443,7 +509,8 @@ def main(argv: list[str] | None = None) -> None:
         default="1234",
         help="which phases to run, in this order, e.g. 2; 5 (each endpoint's heaviest request "
         "alone, the worker's memory around it) and 6 (one client sending the heaviest /qa in "
-        "a loop, another small /classify) only when asked",
+        "a loop, another small /classify) and 7 (16 connections sending endless chunked "
+        "trailers) only when asked",
     )
     args = parser.parse_args(argv)
     port = free_port()
@@ -469,6 +536,7 @@ def main(argv: list[str] | None = None) -> None:
             "4": "mixed",
             "5": "alone",
             "6": "one heavy key",
+            "7": "trailers",
         }
         for number in dict.fromkeys(args.phases):  # in the order given: 54 = 4 after 5
             name = phases.get(number, "")
@@ -479,6 +547,8 @@ def main(argv: list[str] | None = None) -> None:
                     results[name] = misbehave(base, args.attackers, args.seconds)
                 elif name == "alone":
                     results[name] = alone(base, proc.pid)
+                elif name == "trailers":
+                    results[name] = trailers(base, worker_pids(proc.pid), 16, args.seconds)
                 elif name == "one heavy key":
                     results[name] = expensive_clients(base, args.seconds, heaviest_qa(), 1)
                 else:
