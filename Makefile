@@ -88,7 +88,7 @@ $(BENCH_STAMP): pyproject.toml
 	@test -x $(BENCH_VENV)/bin/python || bash tools/check-python.sh "$(PYTHON)"
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/pip install --quiet --upgrade pip
-	$(BENCH_VENV)/bin/pip install --quiet -c constraints.txt -e ".[cpu,train,dev,bench]"
+	$(BENCH_VENV)/bin/pip install --quiet -e ".[cpu,train,dev,bench]"
 	touch $@
 
 bench: $(BENCH_STAMP)  ## docs/benchmarks.md + docs/img/bench-*.png

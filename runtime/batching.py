@@ -154,22 +154,23 @@ class LoneCost:
     """Whether a lone call may run on the event loop's thread: its padded tokens times the cost
     of a token in lone calls, as measured (the highest recent rate, decaying by DECAY a call:
     a short call's fixed cost makes its rate high, which errs towards the model's thread), is
-    at most INLINE_S. A call with more fill-mask slots than any measured one (each slot is a
-    vocabulary-wide product: 126 of them took 400-700 ms), or before anything is measured,
-    goes to the model's thread."""
+    at most INLINE_S. A call with more fill-mask slots than any call measured within INLINE_S
+    (each slot is a vocabulary-wide product that the token rate does not see: 126 of them took
+    400-700 ms), or before anything is measured, goes to the model's thread."""
 
     INLINE_S = 0.01  # a fifth of the 50 ms liveness bound (docs/architecture.md)
     DECAY = 0.95
 
     def __init__(self) -> None:
         self.per_token: float | None = None
-        self.slots = 0  # the most fill-mask slots a measured call had
+        self.slots = 0  # the most fill-mask slots a call measured within INLINE_S had
 
     def observe(self, feeds: dict[str, np.ndarray], seconds: float) -> None:
         tokens, slots = self._size(feeds)
         rate = seconds / max(tokens, 1)
         self.per_token = rate if self.per_token is None else max(rate, self.DECAY * self.per_token)
-        self.slots = max(self.slots, slots)
+        if seconds <= self.INLINE_S:
+            self.slots = max(self.slots, slots)
 
     def inline(self, feeds: dict[str, np.ndarray]) -> bool:
         tokens, slots = self._size(feeds)

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
             raise BundleError(f"{settings.bundles}: no bundles (no */{BUNDLE_FILE})")
         for directory in found:
             check_model_file(directory, load_bundle_spec(directory))
-    except BundleError as exc:
+    except (BundleError, OSError) as exc:  # OSError: a file it cannot read
         print(f"error: {exc}", file=sys.stderr)  # noqa: T201
         return 2
     if settings.require_gpu:  # the common failure, said before any model is loaded

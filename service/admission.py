@@ -29,8 +29,12 @@ class Admission:
         self.settings = limits = settings
         # The refusals that depend only on the settings: one instance each, encoded once.
         self._draining = NotReady("the service is shutting down; retry", DRAINING_HEADERS)
-        self._crowded = NotReady(
+        self.crowded = NotReady(
             f"{limits.max_in_flight} requests in flight (the limit); retry shortly", RETRY_HEADERS
+        )
+        self._receiving = NotReady(
+            f"{limits.max_receiving} requests are sending their bodies (the limit); retry shortly",
+            RETRY_HEADERS,
         )
         self._connections = NotReady(
             f"this process has {limits.max_connections} connections open (the limit); "
@@ -53,7 +57,9 @@ class Admission:
         if connections > self.settings.max_connections:
             return self._connections
         if state.in_flight >= self.settings.max_in_flight:
-            return self._crowded
+            return self.crowded
+        if state.receiving >= self.settings.max_receiving:
+            return self._receiving
         task = routed(path, self.settings)
         busy = (
             saturated(state.models, task.capability)

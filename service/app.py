@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -62,8 +62,16 @@ class BodyLimit:
     422 "error parsing the body". Later `receive` calls (the route's disconnect watch) go to the
     server as before."""
 
-    def __init__(self, app: ASGIApp, limit: int, timeout: float) -> None:
-        self.app, self.limit, self.timeout = app, limit, timeout
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit: int,
+        timeout: float,
+        crowded: Callable[[], ASGIApp] | None = None,
+    ) -> None:
+        """`crowded`: the answer to a request whose body completed with every in-flight slot
+        taken (service.state.Slot)."""
+        self.app, self.limit, self.timeout, self.crowded = app, limit, timeout, crowded
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -97,6 +105,10 @@ class BodyLimit:
             slow = f"the request body did not arrive within {self.timeout:g} s"
             response = error_response(408, "timeout", slow, {"Connection": "close"})
             return await response(scope, receive, send)
+        slot = scope.get("extensions", {}).get(ADMITTED)
+        if slot is not None and slot.refused and self.crowded is not None:
+            # Its body completed when every in-flight slot was taken (service.state.Slot).
+            return await self.crowded()(scope, receive, send)
         whole: Message = {"type": "http.request", "body": b"".join(chunks)}
         await self.app(scope, replaying(whole, receive), send)
 
@@ -261,6 +273,11 @@ def create_app(settings: Settings) -> ServiceApp:
 
     framework = super(ServiceApp, app).__call__
     fast = FastPath(framework, state)  # innermost: after the body limit
-    limited = BodyLimit(fast, limit=settings.max_body_bytes, timeout=settings.body_timeout_s)
+    limited = BodyLimit(
+        fast,
+        limit=settings.max_body_bytes,
+        timeout=settings.body_timeout_s,
+        crowded=lambda: service_error_response(state.admission.crowded, state.metrics),
+    )
     app.front = RequestContext(limited, state)  # outermost: sees every response
     return app

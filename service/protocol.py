@@ -6,10 +6,10 @@ task (so they cost a few microseconds, not a request's worth of Python):
   and the connection is closed (uvicorn itself waits forever: slowloris);
 - a header size limit: a request line and headers past `max_header_bytes` get a 431 and the
   connection is closed, before the parser has buffered them (httptools buffers any size);
-- the same two bounds for a chunked body's framing: from each chunk's size line to its data,
-  and over the trailer section after the last chunk (which httptools buffers, joining a value
-  piece by piece, and uvicorn ignores), at most `max_header_bytes` and `header_timeout`; past
-  either the connection is closed (with a 431 or 408 if no response has started);
+- the same two bounds for a chunked body's trailer section (after the last chunk; httptools
+  buffers it, joining a value piece by piece, and uvicorn ignores it): at most
+  `max_header_bytes` and `header_timeout`, counted from the last chunk's size line; past either
+  the connection is closed (with a 431 or 408 if no answer has started);
 - anonymous connections (API keys set; `Connections`): a connection counts as keyed once a
   request on it carries a valid key. Past `max_anonymous` of the others, or past the process's
   connection cap, the oldest idle anonymous ones are closed, so clients without a key cannot
@@ -172,10 +172,13 @@ class GuardedProtocol(HttpToolsProtocol):
         self.last_read = 0.0  # loop time of the client's last bytes (a retiring worker's closes)
         self._head_bytes = 0
         self._tail = b""  # the last bytes of the head so far: its end may straddle two reads
-        # Bytes since a chunk's size line that were not its data: the trailers after the last
-        # one (None: not between a size line and its data).
+        # Bytes read since a chunk's size line, before any of its data: the trailers after the
+        # last one (None: not between a size line and its data). Counted over whole reads that
+        # begin and end there (`_reads`, `_framing_read`): the one that holds the size line
+        # may hold data and earlier chunks too.
         self._framing: int | None = None
-        self._body_bytes = 0  # body bytes handed on so far (what a read held besides framing)
+        self._reads = 0
+        self._framing_read = 0
 
     def quiet_for(self) -> float:
         """Seconds since the client last sent anything, while nothing is in progress (0 if it
@@ -204,6 +207,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_read = self.loop.time()
+        self._reads += 1
         if self._in_head:
             seen = self._tail + data
             end = seen.find(b"\r\n\r\n")
@@ -220,17 +224,16 @@ class GuardedProtocol(HttpToolsProtocol):
                     self.transport.close()
                 return
             self._head_bytes, self._tail = size, seen[-3:]
-        body = self._body_bytes
         super().data_received(data)
-        if self._framing is not None:
-            self._framing_received(len(data) - (self._body_bytes - body))
+        if self._framing is not None and self._framing_read < self._reads:
+            self._framing_received(len(data))  # all of it after a size line, none of it data
 
     # --- a chunked body's framing: size lines and trailers, bounded as a head is ----------------
 
     def on_chunk_header(self) -> None:
         """httptools: a chunk's size line is read. Its data follows (`on_body`), or, for the
         last chunk, the trailer section and then `on_chunk_complete`."""
-        self._framing = 0
+        self._framing, self._framing_read = 0, self._reads
         self._arm(self._framing_too_slow)
 
     def on_chunk_complete(self) -> None:
@@ -242,9 +245,8 @@ class GuardedProtocol(HttpToolsProtocol):
             self._disarm()
 
     def _framing_received(self, size: int) -> None:
-        """`size` bytes of a read that were not body data, while between a chunk's size line
-        and its data: past the limit the connection ends, having buffered at most one read
-        more than the limit."""
+        """A read of `size` bytes, all between a chunk's size line and its data: past the
+        limit the connection ends, having buffered at most two reads more than the limit."""
         assert self._framing is not None
         self._framing += size
         if self._framing > self.max_header_bytes:
@@ -258,6 +260,8 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def _framing_too_slow(self) -> None:
         self._header_timer = None
+        if self.pipeline:  # reading waits while an earlier request is answered: so does this
+            return self._arm(self._framing_too_slow)
         self._close_framing(
             RequestTimeout(
                 f"a chunked body's trailers did not arrive within {self.header_timeout:g} s",
@@ -266,12 +270,13 @@ class GuardedProtocol(HttpToolsProtocol):
         )
 
     def _close_framing(self, error: ServiceError) -> None:
-        """End the connection: with `error` as the answer if none has started, else as it is."""
+        """End the connection: with `error` as the answer if none has started (and none for an
+        earlier request is still to come: it cannot go first), else as it is."""
         self._framing = None
         self._disarm()
         if self.transport.is_closing():
             return
-        if self.cycle is None or not self.cycle.response_started:
+        if not self.pipeline and (self.cycle is None or not self.cycle.response_started):
             self.transport.write(encode(error, request_id_of(self.headers)))
         self.transport.close()
 
@@ -393,7 +398,6 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         self._end_framing()
-        self._body_bytes += len(body)
         if self._refusal is None:
             super().on_body(body)
 

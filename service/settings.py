@@ -105,7 +105,15 @@ class Settings(BaseSettings):
     max_in_flight: int = Field(
         64,
         ge=1,
-        description="requests a process handles at once; past it 503 with Retry-After at once",
+        description="requests a process handles at once (counted from a request's complete "
+        "body); past it 503 with Retry-After, at the headers or, for a body that completes "
+        "when the cap is full, then",
+    )
+    max_receiving: int = Field(
+        256,
+        ge=1,
+        description="admitted requests a process holds while their bodies arrive (they hold no "
+        "in-flight slot yet); past it 503 with Retry-After at the headers",
     )
     # A client that retries a refusal at once, ignoring Retry-After, turns refusals into most of
     # the server's work: on 2 cores the CPU they take slows the model, its measured rate falls,

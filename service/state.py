@@ -30,10 +30,13 @@ class Slot:
     it holds an in-flight slot, until it is answered or its client leaves (`release`, by the
     app). A request still sending its body holds no in-flight slot, so slow bodies cannot
     crowd out requests that can run (64 of them locked every keyed user out for 29 s); the
-    drain waits for both. Each step happens at most once, in this order."""
+    bodies arriving at once are bounded on their own (`max_receiving`), and a body that
+    completes when every in-flight slot is taken is refused then (`refused`, answered by the
+    app's BodyLimit), so the cap holds. The drain waits for both. Each step happens at most
+    once, in this order."""
 
     __slots__ = ("stage", "state")
-    RECEIVING, IN_FLIGHT, DONE = range(3)
+    RECEIVING, IN_FLIGHT, DONE, REFUSED = range(4)
 
     def __init__(self, state: ServiceState | None) -> None:
         self.state, self.stage = state, self.RECEIVING
@@ -44,14 +47,22 @@ class Slot:
         state = self.state
         if state is None or self.stage != self.RECEIVING:
             return
-        self.stage = self.IN_FLIGHT
         state.receiving -= 1
+        if state.in_flight >= state.settings.max_in_flight:
+            self.stage = self.REFUSED
+            return
+        self.stage = self.IN_FLIGHT
         state.activity.begin()
         state.metrics.in_flight.inc()
 
+    @property
+    def refused(self) -> bool:
+        """Its body completed when every in-flight slot was taken: answer 503, run nothing."""
+        return self.stage == self.REFUSED
+
     def release(self) -> None:
         state, stage = self.state, self.stage
-        if state is None or stage == self.DONE:
+        if state is None or stage in (self.DONE, self.REFUSED):
             return
         self.stage = self.DONE
         if stage == self.RECEIVING:

@@ -13,8 +13,9 @@ each with its own ONNX Runtime sessions and a share of the cores. It:
   is the whole service (counters summed, histograms merged, gauges as service.metrics says);
 - replaces a worker that dies (and forgets its live gauges; the requests it had in flight are
   counted in `bertserve_worker_lost_requests_total`); a replacement that dies before it is
-  ready is started again with back-off (RETRY_S), the others serving meanwhile. Only a worker
-  that dies before the service was ever ready stops it: a new one would fail the same way;
+  ready is started again with back-off (RETRY_S), the others serving meanwhile. A worker that
+  dies before the service was first ready (every worker at once) stops it: a new one would
+  fail the same way, and the orchestrator should see it;
 - replaces a worker whose memory passed `max_worker_rss_mb` without a gap: the new one starts in
   a spare slot, and only once it is ready does the old one stop accepting, finish what it
   admitted and close its connections (SIGUSR1, `server.DrainingServer.retire`);
@@ -214,8 +215,8 @@ class Supervisor:
 
     def start(self, slot: int, sock: socket.socket, counted: bool = True) -> None:
         """A worker in `slot`; `counted`: readiness waits for it (a successor is counted only
-        once it is ready). Once any worker has been ready, the new one takes no connection
-        until it is warm: the others serve meanwhile."""
+        once it is ready). While another worker serves, the new one takes no connection until
+        it is warm; alone, it answers the probes (live, not ready) as it warms."""
         self.pending.pop(slot, None)
         self.ready[slot] = 0
         self.shared.connections[slot] = 0
@@ -225,7 +226,11 @@ class Supervisor:
         self.served[slot] = False
         values = self.values()
         values["port"] = sock.getsockname()[1]
-        warm_first = bool(self.shared.served.value) or any(self.served)
+        warm_first = any(
+            self.ready[i] and self.workers[i] is not None and self.workers[i].is_alive()
+            for i in range(self.slots)
+            if i != slot
+        )
         process = SPAWN.Process(
             target=worker_main,
             args=(values, sock, slot, self.shared, warm_first),
@@ -275,6 +280,7 @@ class Supervisor:
             for slot in range(self.count):
                 self.start(slot, sock)
             while not self.stopping:
+                self.shared.all_ready()  # marks the service served once every worker is
                 for slot, process in enumerate(self.workers):
                     if self.ready[slot] and not self.served[slot]:
                         self.served[slot], self.failures[slot] = True, 0
@@ -322,7 +328,8 @@ class Supervisor:
             for slot, process in enumerate(self.workers):
                 if spare is None:
                     return
-                if shared.counted[slot] and shared.recycle[slot] and process.is_alive():
+                alive = process is not None and process.is_alive()
+                if shared.counted[slot] and shared.recycle[slot] and alive:
                     log.warning(
                         "worker %d (pid %d) is over %d MB resident: starting its successor",
                         slot,
@@ -351,8 +358,8 @@ class Supervisor:
             self.workers[slot] = None
             return
         if not self.served[slot]:
-            if not any(self.served) and not self.shared.served.value:
-                # No worker ever got ready: a new one would fail the same way.
+            if not self.shared.served.value:
+                # The service was never ready: a new one would fail the same way.
                 log.error(
                     "worker %d (pid %d) exited with %s before it was ready: stopping",
                     slot,
@@ -366,7 +373,7 @@ class Supervisor:
             # memory is tight. Try again, with back-off, while they go on.
             self.failures[slot] += 1
             first, most = RETRY_S
-            delay = min(most, first * 2 ** (self.failures[slot] - 1))
+            delay = min(most, first * 2 ** min(self.failures[slot] - 1, 16))
             log.error(
                 "worker %d (pid %d) exited with %s before it was ready: starting it again in "
                 "%.1f s",
@@ -376,6 +383,7 @@ class Supervisor:
                 delay,
             )
             self.workers[slot] = None
+            self.ready[slot] = self.shared.recycle[slot] = 0  # what the dead one left
             self.pending[slot] = (time.monotonic() + delay, bool(self.shared.counted[slot]))
             return
         lost = self.shared.in_flight[slot]

@@ -382,15 +382,14 @@ KERNEL_FEATURES = (
 )
 
 
-def machine() -> dict[str, Any]:
+def machine(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
     """The CPU and ONNX Runtime a figure was measured on: its model name and the instruction
-    sets among KERNEL_FEATURES it has (empty off Linux x86-64)."""
+    sets among KERNEL_FEATURES it has (none where `cpuinfo` is missing: off Linux)."""
     import platform
 
     import onnxruntime
 
     name, flags = platform.processor(), set[str]()
-    cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         for line in cpuinfo.read_text().splitlines():
             key, _, value = line.partition(":")

@@ -473,3 +473,4 @@ def test_lone_cost_keeps_more_mask_slots_than_measured_off_the_loop():
     for _ in range(200):
         cost.observe(small, 0.002)
     assert cost.inline(small)
+    assert not cost.inline(many)  # its slots were measured, but never within INLINE_S

@@ -44,11 +44,12 @@ def host_port(server) -> tuple[str, int]:
 CHUNKED = b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
 
 
-def trailer_flood(host: str, port: int, sends: int = 16) -> bytes:
-    """The review's attack, without a key: a one-chunk body, then a trailer that never ends.
-    What the server answered before it closed the connection."""
+def trailer_flood(host: str, port: int, sends: int = 16, key: bool = False) -> bytes:
+    """The review's attack: a one-chunk body, then a trailer that never ends (without a key,
+    or with one). What the server answered before it closed the connection."""
+    auth = b"Authorization: Bearer " + KEY.encode() + b"\r\n" if key else b""
     with socket.create_connection((host, port), timeout=5) as s:
-        s.sendall(CHUNKED + b"\r\n2\r\n{}\r\n0\r\nX-Pad: ")
+        s.sendall(CHUNKED + auth + b"\r\n2\r\n{}\r\n0\r\nX-Pad: ")
         try:
             for _ in range(sends):
                 s.sendall(b"a" * 65536)
@@ -70,9 +71,13 @@ def test_trailers_count_against_the_header_limit(server):
     host, port = host_port(server)
     before = rss_mb()
     answers: list[bytes] = []
+    keyed: list[bytes] = []
     threads = [
         threading.Thread(target=lambda: answers.append(trailer_flood(host, port)))
-        for _ in range(16)
+        for _ in range(12)
+    ] + [
+        threading.Thread(target=lambda: keyed.append(trailer_flood(host, port, key=True)))
+        for _ in range(4)
     ]
     started = time.monotonic()
     for t in threads:
@@ -85,12 +90,30 @@ def test_trailers_count_against_the_header_limit(server):
     for t in threads:
         t.join()
     assert time.monotonic() - started < 10
-    assert len(answers) == 16
-    # The key's 401 may come first (the route answers before the body ends); either way the
-    # trailer ends the connection with 431 or after the answer.
+    assert len(answers) == 12 and len(keyed) == 4
+    # Without a key the 401 may come first (it is answered before the body ends): then the
+    # connection just ends. With one, the request waits for its body: 431.
     assert all(b" 431 " in a or a.startswith(b"HTTP/1.1 401") for a in answers), answers[:2]
-    assert any(b" 431 " in a for a in answers)
+    assert all(a.startswith(b"HTTP/1.1 431") for a in keyed), keyed[:2]
+    assert b"trailers are over 32,768 bytes" in keyed[0]
     assert rss_mb() - before < 100
+
+
+def test_an_upload_in_tiny_chunks_is_served(server):
+    """A streaming client's one-byte chunks: a read is four parts framing to one of data,
+    and none of that counts; only reads wholly after a size line do."""
+    host, port = host_port(server)
+    body = json.dumps({"inputs": "a fine film " * 3000, "parameters": {"truncation": True}})
+    framed = b"".join(b"1\r\n%s\r\n" % bytes([c]) for c in body.encode())
+    auth = b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(CHUNKED + auth + b"Content-Type: application/json\r\n\r\n")
+        for i in range(0, len(framed), 60_000):
+            s.sendall(framed[i : i + 60_000])
+        s.sendall(b"0\r\n\r\n")
+        answer = s.recv(65536)
+    assert len(framed) > 4 * 32_768
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
 
 
 def test_slow_trailers_time_out_like_headers(bundle_dir):
@@ -108,7 +131,7 @@ def test_slow_trailers_time_out_like_headers(bundle_dir):
 
 def test_chunked_bodies_with_trailers_and_large_chunks_are_served(server):
     """The bound counts framing, not data: a 92 kB body in chunks of every size, and a short
-    trailer section, are answered."""
+    trailer section, are answered; so is the next request on the same connection."""
     host, port = host_port(server)
     text = "a fine and moving film " * 4000
     body = json.dumps({"inputs": text, "parameters": {"truncation": True}}).encode()
@@ -122,7 +145,15 @@ def test_chunked_bodies_with_trailers_and_large_chunks_are_served(server):
             time.sleep(0.0005)
         s.sendall(b"0\r\nX-Checksum: abc\r\n\r\n")
         answer = s.recv(65536)
-    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        small = json.dumps({"inputs": "fine"}).encode()
+        s.sendall(
+            CHUNKED
+            + auth
+            + b"Content-Type: application/json\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(small), small)
+        )
+        again = s.recv(65536)
+        assert again.startswith(b"HTTP/1.1 200"), again[:300]
     with httpx.Client() as c:
         assert c.get(f"{server.url}/health/live").status_code == 200
 
@@ -175,7 +206,8 @@ def test_slow_bodies_hold_no_in_flight_slot(server):
     """Before: a request took its in-flight slot at its headers, and 64 keyed connections
     trickling their bodies locked other keyed users out (52 x 503, the first 200 after 29 s).
     Now the slot is taken once the body is complete: twice the cap of slow bodies waits, the
-    others are served at once, and the slow ones are answered when their bodies end."""
+    others are served at once, and the slow ones are answered when their bodies end (200, or
+    503 for a body that completes when every slot is taken)."""
     host, port = host_port(server)
     body = json.dumps({"inputs": "fine"}).encode()
     head = (
@@ -202,7 +234,9 @@ def test_slow_bodies_hold_no_in_flight_slot(server):
     finally:
         for s in slow:
             s.close()
-    assert all(a.startswith(b"HTTP/1.1 200") for a in answers), answers[0][:200]
+    statuses = [a.split(b" ", 2)[1] for a in answers]
+    assert set(statuses) <= {b"200", b"503"} and statuses.count(b"200") >= 16, statuses
+    assert all(b"retry-after: 1" in a.lower() for a in answers if b" 503 " in a[:16])
 
 
 def test_the_drain_waits_for_an_admitted_body(bundle_dir):
@@ -265,3 +299,61 @@ def test_scrapes_cannot_move_liveness(bundle_dir):
     assert len(renders) < len(scrapes)  # scrapes that came while one was made shared it
     latencies.sort()
     assert latencies[len(latencies) // 2] < 0.01 and latencies[-1] < 0.1, latencies[-3:]
+
+
+def test_a_body_that_completes_when_every_slot_is_taken_is_refused(server):
+    """The cap holds: a request admitted at its headers whose body completes when every
+    in-flight slot is taken gets 503 with Retry-After, and runs nothing."""
+    from service.state import Slot
+
+    host, port = host_port(server)
+    body = json.dumps({"inputs": "fine"}).encode()
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(
+            b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body[:1]
+        )
+        time.sleep(0.2)
+        state = server.state
+        held = [Slot(state) for _ in range(state.settings.max_in_flight)]
+        for slot in held:
+            slot.take()
+        try:
+            assert state.in_flight == state.settings.max_in_flight
+            s.sendall(body[1:])
+            answer = s.recv(65536)
+        finally:
+            for slot in held:
+                slot.release()
+    assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
+    assert b"requests in flight (the limit)" in answer and b"retry-after: 1" in answer.lower()
+    assert state.in_flight == 0 and state.receiving == 0
+
+
+def test_bodies_arriving_at_once_are_bounded(bundle_dir):
+    """Bodies hold no in-flight slot while they arrive, so they are bounded on their own
+    (max_receiving): past it a request is refused at its headers, before its body is read."""
+    with live_server(bundles=bundle_dir, max_receiving=4) as live:
+        host, port = host_port(live)
+        head = (
+            b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{"
+        )
+        slow = [socket.create_connection((host, port), timeout=10) for _ in range(4)]
+        try:
+            for s in slow:
+                s.sendall(head)
+            time.sleep(0.2)
+            assert live.state.receiving == 4
+            with live.client() as c:
+                response = c.post("/classify", json={"inputs": "fine"})
+            assert response.status_code == 503 and response.headers["retry-after"] == "1"
+            assert "4 requests are sending their bodies (the limit)" in response.text
+        finally:
+            for s in slow:
+                s.close()
+        time.sleep(0.2)
+        assert live.state.receiving == 0
+        with live.client() as c:
+            assert c.post("/classify", json={"inputs": "fine"}).status_code == 200
