@@ -290,7 +290,8 @@ def trailers(base: str, pids: list[int], count: int, seconds: float) -> dict[str
     probes = spawn.Queue()
     prober = spawn.Process(target=probe_live, args=(base, seconds - 1, probes))
     prober.start()
-    times, statuses = [], {}
+    times: list[float] = []
+    statuses: dict[int, int] = {}
     with httpx.Client(base_url=base, headers=AUTH, timeout=30) as c:
         while time.monotonic() < until:
             status, elapsed = post(c, "/classify", {"inputs": "fine"})
