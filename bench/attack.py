@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -420,6 +421,73 @@ def sample_peak(pid: int, peak: list[float], done: threading.Event) -> None:
         time.sleep(0.005)
 
 
+def fresh_status(base: str, method: str, path: str, body: dict[str, Any] | None = None) -> int:
+    """One request on a new connection (the kernel spreads those over the workers, as a
+    Service spreads new connections over pods): its status, 0 for a transport error."""
+    try:
+        with httpx.Client(base_url=base, headers=AUTH, timeout=30) as c:
+            return c.request(method, path, json=body).status_code
+    except httpx.TransportError:
+        return 0
+
+
+def kill_worker(base: str, supervisor: int, seconds: float) -> dict[str, Any]:
+    """Phase 8: SIGKILL one of the workers under load. Eight clients send /classify on new
+    connections while a prober asks /health/ready (each on a new connection) every 20 ms;
+    one worker is killed 2 s in; the phase runs `seconds`, or until the replacement is
+    ready, whichever is later. Counts the answers, and the seconds readiness said 503."""
+    stop = threading.Event()
+    statuses: dict[int, int] = {}
+
+    def load() -> None:
+        while not stop.is_set():
+            status = fresh_status(base, "POST", "/classify", {"inputs": "fine"})
+            statuses[status] = statuses.get(status, 0) + 1
+
+    clients = [threading.Thread(target=load) for _ in range(8)]
+    for t in clients:
+        t.start()
+    first = worker_pids(supervisor)
+    ready: list[tuple[float, int]] = []
+    started = time.monotonic()
+    killed = replaced = None
+    warm = False
+    while True:
+        now = time.monotonic() - started
+        ready.append((now, fresh_status(base, "GET", "/health/ready")))
+        if killed is None and now > 2:
+            killed = first[0]
+            os.kill(killed, 9)
+        pids = worker_pids(supervisor)
+        if killed and replaced is None and len(pids) == len(first) and killed not in pids:
+            replaced = now
+        with contextlib.suppress(httpx.TransportError):
+            text = httpx.get(f"{base}/metrics", timeout=5).text
+            warm = f"bertserve_ready {float(1)}" in text
+        if now > seconds and replaced is not None and warm:
+            break
+        time.sleep(0.02)
+    stop.set()
+    for t in clients:
+        t.join()
+    not_ready = sum(
+        later[0] - earlier[0] for earlier, later in itertools.pairwise(ready) if earlier[1] != 200
+    )
+    lost = [
+        line
+        for line in httpx.get(f"{base}/metrics").text.splitlines()
+        if line.startswith("bertserve_worker_lost_requests_total")
+    ]
+    return {
+        "classify_statuses": statuses,
+        "ready_statuses": {s: sum(1 for _, x in ready if x == s) for s in {x for _, x in ready}},
+        "ready_not_200_s": round(not_ready, 2),
+        "replacement_started_s": replaced,
+        "phase_s": round(time.monotonic() - started, 1),
+        "lost_metric": lost,
+    }
+
+
 def alone(base: str, pid: int) -> dict[str, Any]:
     """Phase 5: each endpoint's heaviest allowed request alone, twice (the second shows what
     the first left), the worker's resident memory sampled every 5 ms meanwhile: warm, peak
@@ -511,7 +579,7 @@ def main(argv: list[str] | None = None) -> None:
         help="which phases to run, in this order, e.g. 2; 5 (each endpoint's heaviest request "
         "alone, the worker's memory around it) and 6 (one client sending the heaviest /qa in "
         "a loop, another small /classify) and 7 (16 connections sending endless chunked "
-        "trailers) only when asked",
+        "trailers) and 8 (SIGKILL one worker under load; ATTACK_WORKERS=2) only when asked",
     )
     args = parser.parse_args(argv)
     port = free_port()
@@ -538,6 +606,7 @@ def main(argv: list[str] | None = None) -> None:
             "5": "alone",
             "6": "one heavy key",
             "7": "trailers",
+            "8": "kill a worker",
         }
         for number in dict.fromkeys(args.phases):  # in the order given: 54 = 4 after 5
             name = phases.get(number, "")
@@ -548,6 +617,8 @@ def main(argv: list[str] | None = None) -> None:
                     results[name] = misbehave(base, args.attackers, args.seconds)
                 elif name == "alone":
                     results[name] = alone(base, proc.pid)
+                elif name == "kill a worker":
+                    results[name] = kill_worker(base, proc.pid, args.seconds)
                 elif name == "trailers":
                     results[name] = trailers(base, worker_pids(proc.pid), 16, args.seconds)
                 elif name == "one heavy key":
