@@ -112,7 +112,7 @@ bench-infinity: $(BENCH_STAMP)
 		site=$$($(INFINITY_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
 		cp bench/peers/infinity_torch_shim.py $$site/ && \
 		echo "import infinity_torch_shim" > $$site/infinity_torch_shim.pth; }
-	$(BENCH_VENV)/bin/python -m bench.infinity --infinity $(INFINITY_VENV)/bin/infinity_emb \
+	$(BENCH_VENV)/bin/python -m bench.infinity --infinity $(abspath $(INFINITY_VENV))/bin/infinity_emb \
 		--model-dir runs/infinity/minilm --data $(DATA) --report docs/infinity.md
 
 # The same two on the larger (MiniLM) classify bundle, the shipped default: docs/minilm/.
