@@ -106,3 +106,15 @@ def assert_prompt(latencies: list[float], detail: Any = None) -> None:
     event loop held by the request would delay probe after probe."""
     slowest = sorted(latencies)[-2:]
     assert slowest[0] < 0.05 and slowest[-1] < 0.25, (slowest, detail)
+
+
+def rss_mb() -> float:
+    """This process's resident memory, in MiB: a LiveServer runs in the test process."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+def host_port(server: LiveServer) -> tuple[str, int]:
+    """Where a LiveServer listens, for tests that speak raw sockets."""
+    host, port = server.url.removeprefix("http://").split(":")
+    return host, int(port)

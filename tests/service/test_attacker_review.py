@@ -12,7 +12,13 @@ import time
 import httpx
 import pytest
 
-from tests.helpers.server import assert_prompt, live_server, probe_live_while
+from tests.helpers.server import (
+    assert_prompt,
+    host_port,
+    live_server,
+    probe_live_while,
+    rss_mb,
+)
 
 pytestmark = pytest.mark.slow
 KEY = "attacker-review-key-0123456789"
@@ -25,22 +31,12 @@ def server(bundle_dir):
         yield live
 
 
-def rss_mb() -> float:
-    with open("/proc/self/statm") as f:  # the server runs in this process
-        return int(f.read().split()[1]) * 4096 / 2**20
-
-
 def post(server, path, body):
     data = json.dumps(body).encode()
     with server.client(headers={**AUTH, "content-type": "application/json"}) as c:
         started = time.perf_counter()
         response = c.post(path, content=data)
         return response, time.perf_counter() - started
-
-
-def host_port(server) -> tuple[str, int]:
-    host, port = server.url.removeprefix("http://").split(":")
-    return host, int(port)
 
 
 # --- 1. memory: one pair request grew a worker by 1.2-1.6 GB -------------------------------------

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from runtime.batching import LoneCost
-from tests.helpers.server import live_server, probe_live_while
+from tests.helpers.server import host_port, live_server, probe_live_while, rss_mb
 
 pytestmark = pytest.mark.slow
 KEY = "second-review-key-0123456789"
@@ -26,16 +26,6 @@ AUTH = {"authorization": f"Bearer {KEY}"}
 def server(bundle_dir):
     with live_server(bundles=bundle_dir, api_keys=KEY, max_in_flight=16) as live:
         yield live
-
-
-def rss_mb() -> float:
-    with open("/proc/self/statm") as f:  # the server runs in this process
-        return int(f.read().split()[1]) * 4096 / 2**20
-
-
-def host_port(server) -> tuple[str, int]:
-    host, port = server.url.removeprefix("http://").split(":")
-    return host, int(port)
 
 
 # --- 1. chunked trailers: unbounded in size and time, joined quadratically -----------------------
