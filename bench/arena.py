@@ -41,8 +41,8 @@ def feeds(rows: int, length: int, inputs: list[str]) -> dict[str, np.ndarray]:
 
 
 def one(bundle: Path, variant: str, max_tokens: int, small: int) -> dict[str, float]:
-    from runtime.bundle import load_bundle_spec
-    from runtime.engine import Engine, EngineOptions
+    from bertserve.runtime.bundle import load_bundle_spec
+    from bertserve.runtime.engine import Engine, EngineOptions
 
     spec = load_bundle_spec(bundle)
     engine = Engine(bundle, spec, EngineOptions(threads=1, cpu_arena=variant))

@@ -1,4 +1,4 @@
-"""The adversarial review's targets, measured against `python -m service` on the shipped bundles
+"""The adversarial review's targets, measured against `bertserve serve` on the shipped bundles
 with an API key set (one worker, so its memory is the process's):
 
 1. each repro of the review: status, time, and the worker's resident growth it leaves;
@@ -122,7 +122,7 @@ def start(tree: Path, port: int, log: Path) -> subprocess.Popen:
         "BERTSERVE_WORKERS": os.environ.get("ATTACK_WORKERS", "1"),
         "BERTSERVE_LOG_LEVEL": "warning",
     }
-    command = [sys.executable, "-m", "service", "--bundles", str(ROOT / "bundles")]
+    command = [sys.executable, "-m", "bertserve.service", "--bundles", str(ROOT / "bundles")]
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [*command, "--port", str(port)], cwd=tree, env=env, stdout=out, stderr=out
@@ -524,7 +524,7 @@ def report(results: dict[str, Any], tree: Path) -> str:
         "# The adversarial review's targets, measured",
         "",
         f"`python -m bench.attack` at {commit}, {time.strftime('%Y-%m-%d')}, on this machine "
-        f"({os.cpu_count()} cores): `python -m service` on the shipped bundles, one worker, "
+        f"({os.cpu_count()} cores): `bertserve serve` on the shipped bundles, one worker, "
         "an API key set. Targets from docs/security.md.",
         "",
         "## 1. Each repro once",

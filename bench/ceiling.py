@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.batching import pad_rows
-from runtime.bundle import load_bundle_spec
-from runtime.engine import Engine
-from runtime.tasks import classify
-from runtime.tasks.common import TaskContext
-from service.settings import Settings
+from bertserve.runtime.batching import pad_rows
+from bertserve.runtime.bundle import load_bundle_spec
+from bertserve.runtime.engine import Engine
+from bertserve.runtime.tasks import classify
+from bertserve.runtime.tasks.common import TaskContext
+from bertserve.service.settings import Settings
 
 
 def load(bundle: Path, threads: int = 0) -> tuple[Engine, TaskContext]:

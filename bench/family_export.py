@@ -62,7 +62,7 @@ def checkpoint(root: Path, family: str, layers: int, hidden: int) -> Path:
 def tokenizer_for(directory: Path, family: str) -> None:
     """A WordPiece tokenizer.json beside the checkpoint (our exporter checks the vocabulary
     against the model's; the timed inputs are random ids either way)."""
-    from model.tokenizer import BertTokenizer
+    from bertserve.model.tokenizer import BertTokenizer
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(995))]
     (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
@@ -70,7 +70,7 @@ def tokenizer_for(directory: Path, family: str) -> None:
 
 
 def ours(directory: Path, out: Path) -> Path:
-    from export.bundle import build_bundle
+    from bertserve.export.bundle import build_bundle
 
     build_bundle(directory, ["classify"], out, max_seq_len=128, force=True)
     return out / "model.onnx"

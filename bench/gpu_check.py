@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from runtime.batching import without_slots
-from runtime.bundle import load_bundle_spec
-from runtime.engine import CPU, CUDA, Engine, EngineError, EngineOptions
+from bertserve.runtime.batching import without_slots
+from bertserve.runtime.bundle import load_bundle_spec
+from bertserve.runtime.engine import CPU, CUDA, Engine, EngineError, EngineOptions
 
 SAMPLES = {
     "classify": ["a charming and often affecting journey", "the plot is a mess"] * 4,
@@ -126,7 +126,7 @@ def check_loads(bundles: list[Path]) -> dict[str, Any]:
 
 
 def check_answers(bundles: list[Path], work: Path) -> dict[str, Any]:
-    from export.variants import to_fp16
+    from bertserve.export.variants import to_fp16
 
     out = {}
     for bundle in bundles:
@@ -184,7 +184,7 @@ def empty_slots(
 
 
 def time_raw(bundle: Path, work: Path) -> dict[str, Any]:
-    from export.variants import to_fp16
+    from bertserve.export.variants import to_fp16
 
     fp32 = fp32_graph(bundle, work)
     fp16 = work / f"{bundle.name}-timing-fp16.onnx"
@@ -234,7 +234,15 @@ def load_test(
         **(topology or {"BERTSERVE_WORKERS": "1"}),
     }
     server = subprocess.Popen(
-        [sys.executable, "-m", "service", "--bundles", str(bundles_dir), "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "bertserve.service",
+            "--bundles",
+            str(bundles_dir),
+            "--port",
+            str(port),
+        ],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

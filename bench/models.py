@@ -17,8 +17,8 @@ import platform
 from pathlib import Path
 
 from bench.ceiling import ceiling, load
-from model.training.data import tasks as data
-from runtime.tasks import classify, ner, qa
+from bertserve.model.training.data import tasks as data
+from bertserve.runtime.tasks import classify, ner, qa
 
 
 def rows_for(task: str, ctx, data_dir: Path) -> list:

@@ -22,9 +22,9 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from export.bundle import build_bundle
-from export.graph import TASK_SPECS, TaskGraph
-from model.checkpoint import load_model
+from bertserve.export.bundle import build_bundle
+from bertserve.export.graph import TASK_SPECS, TaskGraph
+from bertserve.model.checkpoint import load_model
 
 
 def timed(fn, seconds: float) -> float:

@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from model.config import BertConfig
-from model.heads import BertForPreTraining
+from bertserve.model.config import BertConfig
+from bertserve.model.heads import BertForPreTraining
 
 
 def run(

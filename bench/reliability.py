@@ -3,7 +3,7 @@ with the figure it produced. Writes runs/bench/reliability.json and docs/reliabi
 
     python -m bench.reliability [--overload-seconds 60]
 
-Overload, SIGTERM and the hostile bodies run against a real `python -m service` process; the
+Overload, SIGTERM and the hostile bodies run against a real `bertserve serve` process; the
 injected faults (failing, stalled backend; clients that hang up) run against a real uvicorn
 server in this process, so the engine can be wrapped. Load comes from wrk and
 bench/loadgen/openloop.py, as in bench/run.py. Server memory is read from /proc (VmRSS and the

@@ -87,7 +87,7 @@ def write_report(r: dict, out: Path) -> None:
             else "**not back to 90% within 5 s** |"
         ),
         "",
-        "How: refusals are made by the HTTP protocol itself (service/protocol.py), from the "
+        "How: refusals are made by the HTTP protocol itself (service/http/protocol.py), from the "
         "request line and headers, before a request becomes an ASGI task: a pre-encoded 503 "
         "(in-flight cap `BERTSERVE_MAX_IN_FLIGHT`, connection cap `BERTSERVE_MAX_CONNECTIONS`) or "
         "429 (every model for the path is full: `BERTSERVE_MAX_QUEUE_ROWS` sequences, or more "
@@ -113,7 +113,7 @@ def write_report(r: dict, out: Path) -> None:
         f"sent in: {_late(o)}{_late_parts(o)}. A storm of new connections in the flood's "
         "first second would wait in the kernel's accept queue (libuv, under uvloop, accepts "
         "one connection per event-loop iteration); each worker takes its share of that queue "
-        "each time the socket is ready (`ACCEPT_BURST` in service/server.py).",
+        "each time the socket is ready (`ACCEPT_BURST` in service/process/server.py).",
         "",
         "Socket errors: a client that reuses a connection the instant the server's idle "
         "timer closes it has its request reset. The service keeps idle connections "

@@ -31,7 +31,7 @@ from bench.ceiling import measure as measure_ceiling
 from bench.inputs import ENDPOINTS, write_bodies
 from bench.loadgen import LoadResult, closed_loop, open_loop
 from bench.servers import OURS, PEERS, only_bundles, serve
-from runtime.bundle import load_bundle_spec
+from bertserve.runtime.bundle import load_bundle_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 PORT = 8199
@@ -108,7 +108,7 @@ def drive(url: str, bodies: Path, levels: list[int], seconds: float) -> list[Loa
 
 
 def model_line(bundle: Path) -> str:
-    from runtime.bundle import load_bundle_spec
+    from bertserve.runtime.bundle import load_bundle_spec
 
     spec = load_bundle_spec(bundle)
     a = spec.architecture
@@ -132,7 +132,7 @@ def runnable_peers(peers: list[str], bundle: Path) -> tuple[list[str], dict[str,
     if "transformers" in peers and precision != "fp32":
         reason = (
             f"{bundle.name} is {precision}; the transformers peer needs an fp32 bundle "
-            "(python -m export --checkpoint ... --task classify --out DIR, then "
+            "(bertserve export --checkpoint ... --task classify --out DIR, then "
             "--bundles DIR/.. --classify-bundle NAME)"
         )
         return [p for p in peers if p != "transformers"], {"transformers": reason}

@@ -53,7 +53,15 @@ def only_bundles(source: Path, names: list[str], out: Path) -> Path:
 
 def command(name: str, bundles: Path, bundle: Path, port: int) -> list[str]:
     if name == OURS:
-        return [sys.executable, "-m", "service", "--bundles", str(bundles), "--port", str(port)]
+        return [
+            sys.executable,
+            "-m",
+            "bertserve.service",
+            "--bundles",
+            str(bundles),
+            "--port",
+            str(port),
+        ]
     module = PEERS.get(name) or PROBES[name]
     return [sys.executable, "-m", module, "--bundle", str(bundle), "--port", str(port)]
 

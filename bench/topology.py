@@ -1,6 +1,6 @@
 """Same-minute A/B of the two process topologies on one bundle: the workers each with their own
 ONNX Runtime sessions (the default, the CPU topology) against front-end workers feeding one
-engine process (`BERTSERVE_ENGINE_PROCESS`, the GPU topology; service.engine_server).
+engine process (`BERTSERVE_ENGINE_PROCESS`, the GPU topology; service.process.engine_server).
 
     python -m bench.topology --bundle sst2-minilm --rounds 2
 

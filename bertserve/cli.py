@@ -1,8 +1,8 @@
 """The `bertserve` command: one entry point for serving, exporting, training and measuring.
 
-Each subcommand hands its arguments to the module that implements it (`python -m service`,
-`python -m export`, `python -m model.training ...`, `python -m bench.run`), which keep working
-on their own. Modules are imported only when their command runs, so a serving install without
+Each subcommand hands its arguments to the module that implements it (`bertserve.service`,
+`bertserve.export`, `bertserve.model.training`, `bench.run`), which also run on their own with
+`python -m`. Modules are imported only when their command runs, so a serving install without
 torch still serves, and a command whose extra is missing says which one in one line.
 """
 
@@ -23,52 +23,62 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
-    "serve": Command("service.__main__", (), "serve the bundles of a directory over HTTP", "cpu"),
-    "export": Command("export.__main__", (), "build a bundle from a checkpoint (ONNX)", "train"),
+    "serve": Command(
+        "bertserve.service.__main__", (), "serve the bundles of a directory over HTTP", "cpu"
+    ),
+    "export": Command(
+        "bertserve.export.__main__", (), "build a bundle from a checkpoint (ONNX)", "train"
+    ),
     "verify": Command(
-        "export.__main__", ("verify",), "check a bundle as the service loads it", "train"
+        "bertserve.export.__main__", ("verify",), "check a bundle as the service loads it", "train"
     ),
     "convert": Command(
-        "export.__main__",
+        "bertserve.export.__main__",
         ("convert",),
         "rewrite a bundle at another precision, measured (no checkpoint needed)",
         "train",
     ),
     "checkpoint": Command(
-        "export.__main__",
+        "bertserve.export.__main__",
         ("checkpoint",),
         "read a bundle's graph back into a checkpoint to train on",
         "train",
     ),
     "pretrain": Command(
-        "model.training.__main__", ("pretrain",), "MLM + NSP pre-training", "train"
+        "bertserve.model.training.__main__", ("pretrain",), "MLM + NSP pre-training", "train"
     ),
     "finetune": Command(
-        "model.training.__main__", ("finetune",), "fine-tune for classify, ner or qa", "train"
+        "bertserve.model.training.__main__",
+        ("finetune",),
+        "fine-tune for classify, ner or qa",
+        "train",
     ),
     "distil": Command(
-        "model.training.__main__", ("distil",), "distil a teacher into a small student", "train"
+        "bertserve.model.training.__main__",
+        ("distil",),
+        "distil a teacher into a small student",
+        "train",
     ),
     "shrink": Command(
-        "model.training.__main__",
+        "bertserve.model.training.__main__",
         ("shrink",),
         "a student's start: a teacher's first layers, narrowed",
         "train",
     ),
     "rerank": Command(
-        "model.training.__main__",
+        "bertserve.model.training.__main__",
         ("rerank",),
         "train a cross-encoder reranker on SQuAD (resumable)",
         "train",
     ),
     "soup": Command(
-        "model.training.__main__",
+        "bertserve.model.training.__main__",
         ("soup",),
         "average fine-tuned checkpoints of one start (a model soup)",
         "train",
     ),
     "evaluate": Command(
-        "model.training.__main__",
+        "bertserve.model.training.__main__",
         ("evaluate",),
         "score a bundle through the service's code",
         "train",

@@ -1,7 +1,7 @@
-"""`python -m export --checkpoint DIR --task T --out OUT [...]` builds a bundle;
-`python -m export verify OUT` checks one; `python -m export convert OUT --precision P
+"""`bertserve export --checkpoint DIR --task T --out OUT [...]` builds a bundle;
+`bertserve verify OUT` checks one; `bertserve convert OUT --precision P
 --eval-data TSV` rewrites one at another precision without its checkpoint;
-`python -m export checkpoint OUT --out DIR` reads one back into a checkpoint to train on. Errors
+`bertserve checkpoint OUT --out DIR` reads one back into a checkpoint to train on. Errors
 are one line on stderr and exit status 2."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import get_args
 
-from runtime.bundle import Precision
+from bertserve.runtime.bundle import Precision
 
 EXAMPLES = """examples:
   {prog} --checkpoint runs/minilm-sst2 --task classify --out bundles/sst2-minilm
@@ -62,11 +62,11 @@ PRECISION_HELP = (
 )
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m bertserve.export") -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from export.bundle import build_bundle, convert_bundle, report_json, verify
-    from model.checkpoint import CheckpointError
+    from bertserve.export.bundle import build_bundle, convert_bundle, report_json, verify
+    from bertserve.model.checkpoint import CheckpointError
 
     try:
         if argv[:1] == ["verify"]:
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
             print(report_json(verify(args.bundle)))  # noqa: T201
             return 0
         if argv[:1] == ["checkpoint"]:
-            from export.recover import RECOVERABLE, checkpoint_from_bundle
+            from bertserve.export.recover import RECOVERABLE, checkpoint_from_bundle
 
             parser = argparse.ArgumentParser(
                 prog=f"{prog} checkpoint",
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
                 args.precision,
                 args.eval_data,
                 args.force,
-                "python -m export " + shlex.join(argv),
+                "bertserve " + shlex.join(argv),
             )
             print(f"rewrote {args.bundle}: {spec.precision}; {spec.variant_accuracy}")  # noqa: T201
             return 0
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
             args.eval_data,
             metrics,
             args.force,
-            "python -m export " + shlex.join(argv),
+            "bertserve " + shlex.join(argv),
             args.default,
         )
         print(  # noqa: T201

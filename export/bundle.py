@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from export.graph import (
+from bertserve.export.graph import (
     OPSET,
     TASK_SPECS,
     TaskGraph,
@@ -30,7 +30,7 @@ from export.graph import (
     resolve_tasks,
     task_architecture,
 )
-from export.parity import (
+from bertserve.export.parity import (
     MIN_AGREEMENT,
     TOLERANCE,
     VERIFY_ALPHA,
@@ -40,12 +40,18 @@ from export.parity import (
     sample_feeds,
     torch_outputs,
 )
-from export.variants import CONVERT, RECONVERT
-from model.checkpoint import load_model, read_config, read_state_dict, sha256, weights_path
-from model.heads import BertPreTrainedModel
-from model.sources import read_provenance, read_soup, resolve_init
-from model.tokenizer import BertTokenizer
-from runtime.bundle import (
+from bertserve.export.variants import CONVERT, RECONVERT
+from bertserve.model.checkpoint import (
+    load_model,
+    read_config,
+    read_state_dict,
+    sha256,
+    weights_path,
+)
+from bertserve.model.heads import BertPreTrainedModel
+from bertserve.model.sources import read_provenance, read_soup, resolve_init
+from bertserve.model.tokenizer import BertTokenizer
+from bertserve.runtime.bundle import (
     FORMAT_VERSION,
     BundleError,
     BundleSpec,
@@ -307,7 +313,7 @@ def build_bundle(
             },
             variant_accuracy=accuracy,
             metrics=metrics or {},
-            created_by=command or "python -m export " + shlex.join(sys.argv[1:]),
+            created_by=command or "bertserve export " + shlex.join(sys.argv[1:]),
             created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             default=default,
         )
@@ -395,7 +401,7 @@ def convert_bundle(
                 | {"graph": f"the {spec.precision} graph this one was converted from"},
                 "metrics": {},
                 "created_by": f"{spec.created_by}; then "
-                + (command or f"python -m export convert {directory} --precision {precision}"),
+                + (command or f"bertserve convert {directory} --precision {precision}"),
                 "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             }
         )

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from model.heads import BertPreTrainedModel, gather_positions
-from runtime.bundle import BASE_INPUTS, MASK_POSITIONS, SEGMENTS
+from bertserve.model.heads import BertPreTrainedModel, gather_positions
+from bertserve.runtime.bundle import BASE_INPUTS, MASK_POSITIONS, SEGMENTS
 
 log = logging.getLogger(__name__)
 

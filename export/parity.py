@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from model.tokenizer import BertTokenizer
-from runtime.encoding import case_type_ids
+from bertserve.model.tokenizer import BertTokenizer
+from bertserve.runtime.encoding import case_type_ids
 
 # Largest |torch - ONNX Runtime| accepted per precision on logits, and the least top-1 agreement.
 # fp16-weights: fp32 arithmetic on weights rounded to fp16 (measured on all-MiniLM-L6-v2

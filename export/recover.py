@@ -1,4 +1,4 @@
-"""A bundle's graph back to a trainable checkpoint: `python -m export checkpoint BUNDLE --out DIR`.
+"""A bundle's graph back to a trainable checkpoint: `bertserve checkpoint BUNDLE --out DIR`.
 
 Training that continues across machines needs its weights, and the one copy that lasts is the
 shipped bundle (a run's fp32 checkpoint and optimizer state are hundreds of MB, not kept in the
@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from model.checkpoint import save_model, sha256
-from model.config import BertConfig
-from model.heads import HEADS
-from model.sources import Provenance, write_provenance
-from runtime.bundle import load_bundle_spec
+from bertserve.model.checkpoint import save_model, sha256
+from bertserve.model.config import BertConfig
+from bertserve.model.heads import HEADS
+from bertserve.model.sources import Provenance, write_provenance
+from bertserve.runtime.bundle import load_bundle_spec
 
 RECOVERED_NAME = "recovered.json"
 # Precisions whose every weight comes back: fp32 weights or fp16-stored ones restored by a Cast,
@@ -185,8 +185,8 @@ def checkpoint_from_bundle(directory: Path, out: Path) -> dict[str, Any]:
     bundle's graph, check it against that graph, and return the check with what was read."""
     import onnx
 
-    from export.bundle import bundle_tokenizer, torch_parity
-    from export.variants import _drop_unused_initializers, _take_word_table
+    from bertserve.export.bundle import bundle_tokenizer, torch_parity
+    from bertserve.export.variants import _drop_unused_initializers, _take_word_table
 
     spec = load_bundle_spec(directory)
     if spec.architecture.model_type != "bert":

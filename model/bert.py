@@ -16,7 +16,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from model.config import BertConfig
+from bertserve.model.config import BertConfig
 
 
 def activation(name: str) -> nn.Module:

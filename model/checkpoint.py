@@ -25,8 +25,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from model.config import BertConfig
-from model.heads import HEADS, BertPreTrainedModel
+from bertserve.model.config import BertConfig
+from bertserve.model.heads import HEADS, BertPreTrainedModel
 
 log = logging.getLogger(__name__)
 

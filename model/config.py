@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model.families import DISTILBERT_KEYS, Family, family
+from bertserve.model.families import DISTILBERT_KEYS, Family, family
 
 log = logging.getLogger(__name__)
 

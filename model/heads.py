@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.bert import BertModel, activation, init_weights
-from model.config import BertConfig
+from bertserve.model.bert import BertModel, activation, init_weights
+from bertserve.model.config import BertConfig
 
 IGNORE_INDEX = -100
 

@@ -21,7 +21,13 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from model.checkpoint import CONFIG_NAME, SAFETENSORS_NAME, CheckpointError, sha256, weights_path
+from bertserve.model.checkpoint import (
+    CONFIG_NAME,
+    SAFETENSORS_NAME,
+    CheckpointError,
+    sha256,
+    weights_path,
+)
 
 SOURCE_NAME = "source.json"
 PACKAGE_PREFIX = "package:"

@@ -41,7 +41,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from runtime.errors import BackendError, ClientGone, DeadlineExceeded, NotReady, Overloaded
+from bertserve.runtime.errors import (
+    BackendError,
+    ClientGone,
+    DeadlineExceeded,
+    NotReady,
+    Overloaded,
+)
 
 log = logging.getLogger(__name__)
 
@@ -362,7 +368,7 @@ class Batcher:
         a row still unanswered at the deadline fails with a 504 (`_watch`)."""
         refused = self.refusal(len(rows), bulk)
         if refused is not None:
-            raise Overloaded(f"{refused}; retry shortly", headers={"Retry-After": "1"})
+            raise Overloaded(f"{refused}; retry shortly", retry_after_s=1)
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + self.settings.request_timeout_s
         request = _Request(bulk=bulk)
@@ -531,7 +537,7 @@ class Batcher:
                 # quick "retry" beats a late answer. Only for a request none of whose rows has
                 # run (they share the arrival, so all go in this pass): a long text's later
                 # windows wait behind its first ones by design.
-                item.future.set_exception(Overloaded(self._overdue, headers={"Retry-After": "1"}))
+                item.future.set_exception(Overloaded(self._overdue, retry_after_s=1))
                 self._dropped["overdue"].inc()
             else:
                 live.append(item)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.bundle import SEGMENTS, BundleSpec
+from bertserve.runtime.bundle import SEGMENTS, BundleSpec
 
 log = logging.getLogger(__name__)
 ort_log = logging.getLogger("onnxruntime")

@@ -1,85 +1,44 @@
-"""The runtime's typed errors: each carries the HTTP status and error_type the service answers
-it with (service/errors.py maps them to responses, in one place), so the task code, the engine
-and the batcher raise what a client can act on without knowing HTTP."""
+"""The runtime's typed errors: what a request can meet in the task code, the engine or the
+batcher, named for a caller to act on and free of HTTP. Whoever serves them gives each its answer
+(the service's table is service/http/errors.py); `retry_after_s` says when trying again may
+succeed."""
 
 from __future__ import annotations
 
 
-class ServiceError(Exception):
-    status = 500
-    error_type = "internal"
+class RequestError(Exception):
+    """A request's failure that its caller can act on; the base of every error the runtime
+    raises on purpose (anything else is a bug)."""
 
-    def __init__(self, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.headers = headers or {}
+        self.retry_after_s = retry_after_s
 
 
-class InvalidInput(ServiceError):
-    status, error_type = 422, "invalid_input"
+class InvalidInput(RequestError):
+    """The input cannot be answered as it is (an empty text, a missing [MASK], a bad id)."""
 
 
-class TooLarge(ServiceError):
-    status, error_type = 413, "too_large"
+class TooLarge(RequestError):
+    """The input is longer or larger than the model or the limits take."""
 
 
-class Unauthorized(ServiceError):
-    status, error_type = 401, "unauthorized"
+class Overloaded(RequestError):
+    """Every model that serves the task has a full queue: refused before any work."""
 
 
-class NotFound(ServiceError):
-    status, error_type = 404, "not_found"
+class NotReady(RequestError):
+    """The model cannot take work now (starting, stopping or failed)."""
 
 
-class Overloaded(ServiceError):
-    status, error_type = 429, "overloaded"
+class DeadlineExceeded(RequestError):
+    """The request's deadline passed before its answer was ready."""
 
 
-class NotReady(ServiceError):
-    status, error_type = 503, "unavailable"
+class BackendError(RequestError):
+    """The inference backend failed on a batch (ONNX Runtime raised, or its process died)."""
 
 
-class RequestTimeout(ServiceError):
-    """The client did not send its request (headers or body) in time."""
-
-    status, error_type = 408, "timeout"
-
-
-class HeadersTooLarge(ServiceError):
-    status, error_type = 431, "too_large"
-
-
-class DeadlineExceeded(ServiceError):
-    status, error_type = 504, "timeout"
-
-
-class BackendError(ServiceError):
-    status, error_type = 500, "backend"
-
-
-class MethodNotAllowed(ServiceError):
-    status, error_type = 405, "method_not_allowed"
-
-
-class HttpError(ServiceError):
-    """Another status the HTTP layer answers with (set on the instance)."""
-
-    error_type = "http"
-
-
-class ClientGone(ServiceError):
-    """The client closed the connection before its answer was ready (nginx's 499)."""
-
-    status, error_type = 499, "client_closed"
-
-
-def error_types() -> tuple[str, ...]:
-    """Every error_type the service can answer with: derived from the classes, not listed."""
-    seen: list[str] = []
-    pending: list[type[ServiceError]] = [ServiceError]
-    while pending:
-        cls = pending.pop(0)
-        if cls.error_type not in seen:
-            seen.append(cls.error_type)
-        pending.extend(cls.__subclasses__())
-    return tuple(seen)
+class ClientGone(RequestError):
+    """The caller went away before its answer was ready: the work is dropped."""

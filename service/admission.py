@@ -1,24 +1,23 @@
 """Admission: whether a request is answered at once (503 draining or past a cap, 429 when every
 model for its task is full) before its body is read. One decision a request
-(ServiceState.admit), made by one entrance: the HTTP protocol (service.protocol), where it reads
-the request's headers, or for a request pipelined behind another, when its turn comes. The app
+(ServiceState.admit), made by one entrance: the HTTP protocol (service.http.protocol), where it
+reads the request's headers, or for a request pipelined behind another, when its turn comes. The app
 runs only what was admitted; served by any other ASGI server, it admits everything."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from runtime.tasks import TASKS, Task
-from service.auth import PUBLIC_PATHS
-from service.errors import NotReady, Overloaded, ServiceError
-from service.models import Model
-from service.settings import Settings
+from bertserve.runtime.tasks import TASKS, Task
+from bertserve.service.http.auth import PUBLIC_PATHS
+from bertserve.service.http.errors import NotReady, Overloaded, RequestError, Unavailable
+from bertserve.service.models import Model
+from bertserve.service.settings import Settings
 
 if TYPE_CHECKING:
-    from service.state import ServiceState
+    from bertserve.service.state import ServiceState
 
-RETRY_HEADERS = {"Retry-After": "1"}
-DRAINING_HEADERS = {"Retry-After": "1", "Connection": "close"}
+CLOSE = {"Connection": "close"}  # a refusal that also ends the connection
 
 
 class Admission:
@@ -28,26 +27,28 @@ class Admission:
     def __init__(self, settings: Settings) -> None:
         self.settings = limits = settings
         # The refusals that depend only on the settings: one instance each, encoded once.
-        self._draining = NotReady("the service is shutting down; retry", DRAINING_HEADERS)
+        self._draining = Unavailable("the service is shutting down; retry", CLOSE, retry_after_s=1)
         self.crowded = NotReady(
-            f"{limits.max_in_flight} requests in flight (the limit); retry shortly", RETRY_HEADERS
+            f"{limits.max_in_flight} requests in flight (the limit); retry shortly",
+            retry_after_s=1,
         )
         self._receiving = NotReady(
             f"{limits.max_receiving} requests are sending their bodies (the limit); retry shortly",
-            RETRY_HEADERS,
+            retry_after_s=1,
         )
-        self._connections = NotReady(
+        self._connections = Unavailable(
             f"this process has {limits.max_connections} connections open (the limit); "
             "retry shortly",
-            DRAINING_HEADERS,
+            CLOSE,
+            retry_after_s=1,
         )
         self._overloaded: dict[str, Overloaded] = {}  # by reason: a few fixed texts a model
 
     def refusal(
         self, state: ServiceState, method: str, path: str, connections: int = 0
-    ) -> ServiceError | None:
+    ) -> RequestError | None:
         """Why this request is answered at once, before its body is parsed (None: it is admitted).
-        Made once a request, by the HTTP protocol (service.protocol). The probes and
+        Made once a request, by the HTTP protocol (service.http.protocol). The probes and
         /metrics always pass; the API key is checked after this, so an overloaded or draining
         service refuses unauthenticated requests the same way."""
         if path in PUBLIC_PATHS:
@@ -69,7 +70,7 @@ class Admission:
         if busy is None:
             return None
         if busy not in self._overloaded:
-            self._overloaded[busy] = Overloaded(busy, RETRY_HEADERS)
+            self._overloaded[busy] = Overloaded(busy, retry_after_s=1)
         return self._overloaded[busy]
 
 

@@ -2,8 +2,8 @@
 
 validate -> pick the model -> prepare (tokenise, windows) -> bound the work -> submit to the
 model's batcher -> finish (decode) -> respond, timing each stage. The FastAPI routes and the
-fast path are thin adapters over it (service/routes.py, service/fastpath.py); evaluation calls
-the same task code with its own backend (model/training/evaluate.py).
+fast path are thin adapters over it (service/http/routes.py, service/http/fastpath.py);
+evaluation calls the same task code with its own backend (model/training/evaluate.py).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from runtime.batching import Row, RowResult, gather
-from runtime.tasks import Task
-from runtime.tasks.common import checkpoint, deadline_check, unwatch, watch
-from service.asgi import Gone
-from service.errors import InvalidInput, TooLarge
-from service.state import Model, ServiceState
+from bertserve.runtime.batching import Row, RowResult, gather
+from bertserve.runtime.tasks import Task
+from bertserve.runtime.tasks.common import checkpoint, deadline_check, unwatch, watch
+from bertserve.service.http.asgi import Gone
+from bertserve.service.http.errors import InvalidInput, TooLarge
+from bertserve.service.state import Model, ServiceState
 
 
 async def handle(
@@ -31,7 +31,7 @@ async def handle(
     stats: dict[str, Any],
     disconnected: Gone | None = None,
 ) -> Any:
-    """The answer to one request, as JSON bytes; raises a ServiceError (or pydantic's
+    """The answer to one request, as JSON bytes; raises a RequestError (or pydantic's
     ValidationError, for a body that is not a `task.request`) for anything else. `stats`
     receives what the access log reports: model, rows, tokens, queue_ms, inference_ms.
 
@@ -63,7 +63,7 @@ async def _handle(
     settings = state.settings
     if not items:
         raise InvalidInput("inputs is an empty list")
-    most = getattr(settings, task.batch_limit)
+    most = settings.request_limits[task.batch_limit]
     if len(items) > most:
         raise TooLarge(
             f"{len(items)} {task.items_name} in one request; the limit is {most} "
@@ -74,7 +74,8 @@ async def _handle(
         return await _run(state, task, model, items, single, request, stats, disconnected, False)
     try:
         return await _run(state, task, model, items, single, request, stats, disconnected, True)
-    finally:  # what its tokenising and decoding freed goes back to the system (service.memory)
+    finally:  # what its tokenising and decoding freed goes back to the system
+        # (service.process.memory)
         if state.trimmer.due():
             await asyncio.to_thread(state.trimmer.trim)
 
@@ -102,7 +103,7 @@ async def _run(
     bulk = len(items) > 1
     # More could never be admitted: a client batch's rows queue in the bulk lane.
     queue = settings.max_bulk_queue_rows if bulk else settings.max_queue_rows
-    limit = min(getattr(settings, task.rows_limit), queue)
+    limit = min(settings.request_limits[task.rows_limit], queue)
     if len(rows) > limit:  # a 100,000-token text: refused before it is queued or computed
         raise TooLarge(
             f"the input needs {len(rows)} sequences of up to {model.ctx.max_len} tokens; one "

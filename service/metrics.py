@@ -1,6 +1,6 @@
 """Prometheus metrics, `bertserve_` prefix, one registry per app (tests run several apps).
 
-With several serving processes (service.supervisor), prometheus_client's multiprocess mode
+With several serving processes (service.process.supervisor), prometheus_client's multiprocess mode
 keeps each process's values in files under PROMETHEUS_MULTIPROC_DIR and any process's /metrics
 reads them all: counters and histograms are summed over the processes; gauges say how: queue
 depth, in-flight requests and open connections are summed over the live processes,
@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 
-from service.errors import error_types
+from bertserve.service.http.errors import error_types
 
 # In multiprocess mode every write of a value first asks the OS for the process id, to notice a
 # fork: a system call each, a dozen a request. The id is cached here instead, and renewed in a

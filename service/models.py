@@ -8,8 +8,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.batching import Activity, Batcher
-from runtime.bundle import (
+from bertserve.runtime.batching import Activity, Batcher
+from bertserve.runtime.bundle import (
     BUNDLE_FILE,
     BundleError,
     BundleSpec,
@@ -17,14 +17,14 @@ from runtime.bundle import (
     check_model_file,
     load_bundle_spec,
 )
-from runtime.engine import Engine
-from runtime.tasks import CAPABILITIES
-from runtime.tasks.common import TaskContext
-from service.engine_client import RemoteBackend
-from service.metrics import Metrics
-from service.settings import Settings
+from bertserve.runtime.engine import Engine
+from bertserve.runtime.tasks import CAPABILITIES
+from bertserve.runtime.tasks.common import TaskContext
+from bertserve.service.metrics import Metrics
+from bertserve.service.process.engine_client import RemoteBackend
+from bertserve.service.settings import Settings
 
-log = logging.getLogger("service.models")
+log = logging.getLogger("bertserve.models")
 
 
 def check_serves(directory: Path, spec: BundleSpec) -> None:
@@ -51,7 +51,10 @@ class Model:
 
 
 def load_models(
-    settings: Settings, metrics: Metrics, activity: Activity | None = None
+    settings: Settings,
+    metrics: Metrics,
+    activity: Activity | None = None,
+    engine_address: str = "",
 ) -> dict[str, Model]:
     """Every bundle under settings.bundles, by name; a bad one is a BundleError naming it.
     `activity`: the requests in flight on the cores this process shares (one for all its
@@ -71,8 +74,8 @@ def load_models(
                 f"{directory / BUNDLE_FILE}: name {spec.name!r} is taken by another bundle"
             )
         engine: Engine | RemoteBackend
-        if settings.engine_address:  # the engine process runs it (service.engine_server)
-            engine = RemoteBackend(settings.engine_address, spec)
+        if engine_address:  # the engine process runs it (service.process.engine_server)
+            engine = RemoteBackend(engine_address, spec)
         else:
             engine = Engine(directory, spec, settings.engine_options())
         max_rows = min(settings.max_request_rows, settings.max_queue_rows)

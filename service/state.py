@@ -10,16 +10,16 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from runtime.batching import Activity
-from runtime.engine import Engine
-from service.admission import Admission
-from service.auth import PUBLIC_PATHS
-from service.errors import NotFound, NotReady, ServiceError
-from service.memory import Trimmer
-from service.metrics import Metrics
-from service.models import Model, defaults, load_models, serving
-from service.settings import Settings
-from service.warmup import warm_up
+from bertserve.runtime.batching import Activity
+from bertserve.runtime.engine import Engine
+from bertserve.service.admission import Admission
+from bertserve.service.http.auth import PUBLIC_PATHS
+from bertserve.service.http.errors import NotFound, NotReady, RequestError
+from bertserve.service.metrics import Metrics
+from bertserve.service.models import Model, defaults, load_models, serving
+from bertserve.service.process.memory import Trimmer
+from bertserve.service.settings import Settings
+from bertserve.service.warmup import warm_up
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,9 @@ class ServiceState:
     retiring: bool = False  # replaced for its memory: finishing its connections (server.py)
     # Started in another worker's place: the start-up (and so accepting) waits for warm-up.
     warm_first: bool = False
+    # The engine process's socket, where one runs the models for all workers (given by the
+    # supervisor); empty: this process runs its own.
+    engine_address: str = ""
     trimmer: Trimmer = field(default_factory=Trimmer)
     # API requests in flight, here (`in_flight`) and, as a supervisor's worker, in the other
     # workers: a lone one's model call may take every core (runtime.batching.Activity).
@@ -99,7 +102,7 @@ class ServiceState:
     def __post_init__(self) -> None:
         self.admission = Admission(self.settings)
 
-    def admit(self, method: str, path: str, connections: int = 0) -> ServiceError | Slot:
+    def admit(self, method: str, path: str, connections: int = 0) -> RequestError | Slot:
         """The gate, decided once a request (service.admission): why it is answered at once,
         or the admitted request's Slot (an in-flight slot once its body is complete)."""
         refusal = self.admission.refusal(self, method, path, connections)
@@ -128,7 +131,7 @@ class ServiceState:
 
     def load(self) -> None:
         """Load every bundle under settings.bundles (service.models)."""
-        self.models = load_models(self.settings, self.metrics, self.activity)
+        self.models = load_models(self.settings, self.metrics, self.activity, self.engine_address)
         self.defaults = defaults(self.models)
 
     def warm_up(self) -> None:

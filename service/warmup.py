@@ -9,12 +9,12 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from runtime.batching import without_slots
-from runtime.engine import Engine, warmup_feeds
-from service.models import Model
-from service.settings import Settings
+from bertserve.runtime.batching import without_slots
+from bertserve.runtime.engine import Engine, warmup_feeds
+from bertserve.service.models import Model
+from bertserve.service.settings import Settings
 
-log = logging.getLogger("service.warmup")
+log = logging.getLogger("bertserve.warmup")
 
 
 def warm_up(models: Iterable[Model], settings: Settings) -> None:

@@ -36,7 +36,7 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 def bundle_dir(checkpoints, tmp_path_factory) -> Path:
     """One directory with a bundle for every task: pre-training (fill-mask + nsp), classify,
     ner, qa, exported from the tiny checkpoints."""
-    from export.bundle import build_bundle
+    from bertserve.export.bundle import build_bundle
 
     root = tmp_path_factory.mktemp("bundles")
     for name, arch, task in (
@@ -52,7 +52,7 @@ def bundle_dir(checkpoints, tmp_path_factory) -> Path:
 @pytest.fixture
 def tiny_config():
     """A 2-layer, 32-wide BERT config with three labels (model and training unit tests)."""
-    from model.config import BertConfig
+    from bertserve.model.config import BertConfig
     from tests.helpers.checkpoints import TINY_SHAPE
 
     return BertConfig(

@@ -63,9 +63,12 @@ def test_console_script_and_module_forms_are_installed():
         out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
         assert "distil" in out
     legacy = subprocess.run(
-        [sys.executable, "-m", "service", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "bertserve.service", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
-    assert legacy.stdout.startswith("usage: python -m service")
+    assert legacy.stdout.startswith("usage: python -m bertserve.service")
 
 
 @pytest.mark.slow
@@ -106,7 +109,7 @@ def test_ready_line_names_the_real_port_models_and_provider(bundle_dir):
 
 
 def test_ready_text_for_people():
-    from service.server import ready_text
+    from bertserve.service.process.server import ready_text
 
     text = ready_text(
         {

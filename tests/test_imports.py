@@ -8,7 +8,16 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("runtime", "model", "export", "service", "bertserve", "bench")
+# Each folder and the import name it installs as (pyproject.toml's package-dir); bench/ is a
+# checkout's tool and installs as itself.
+PACKAGES = {
+    "runtime": "bertserve.runtime",
+    "model": "bertserve.model",
+    "export": "bertserve.export",
+    "service": "bertserve.service",
+    "bertserve": "bertserve",
+    "bench": "bench",
+}
 # Who may import whom (besides itself). model/training is the training subpackage: it may use
 # the runtime to evaluate exactly what is served; the rest of model/ uses nothing of ours.
 ALLOWED = {
@@ -24,11 +33,10 @@ ALLOWED = {
 
 def modules() -> dict[str, Path]:
     found = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            found[name] = path
+    for folder, name in PACKAGES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = (*name.split("."), *path.relative_to(ROOT / folder).with_suffix("").parts)
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
 
 
@@ -69,7 +77,14 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
 
 
 def layer(name: str) -> str:
-    return "model.training" if name.startswith("model.training") else name.split(".")[0]
+    """The layer of a module: its folder (`bertserve.service.http.app` -> "service"), with
+    model.training apart from the rest of model/."""
+    parts = name.split(".")
+    if parts[0] == "bertserve" and len(parts) > 1 and parts[1] in PACKAGES:
+        parts = parts[1:]
+    if parts[:2] == ["model", "training"]:
+        return "model.training"
+    return parts[0]
 
 
 def graph() -> dict[str, set[str]]:

@@ -20,7 +20,7 @@ import httpx
 
 NAME = "bertserve-image-test"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's service package
-from runtime.tasks import TASKS  # noqa: E402
+from bertserve.runtime.tasks import TASKS  # noqa: E402
 
 REQUESTS = {path: task.example for path, task in TASKS.items()}
 

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from bench.peers.common import parse_args
-from model.checkpoint import sha256, weights_path
+from bertserve.model.checkpoint import sha256, weights_path
 
 
 class RerankBody(BaseModel):

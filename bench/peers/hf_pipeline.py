@@ -29,7 +29,7 @@ PREFIX = "model."
 
 
 def state_dict_from_onnx(path: Path) -> dict[str, torch.Tensor]:
-    """The torch state dict of a classify bundle's graph (exported by `python -m export`)."""
+    """The torch state dict of a classify bundle's graph (exported by `bertserve export`)."""
     graph = onnx.load(str(path)).graph
     arrays = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     transposed = {n.input[1] for n in graph.node if n.op_type == "MatMul"}

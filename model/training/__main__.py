@@ -1,4 +1,5 @@
-"""`python -m model.training {pretrain} ...`: the commands that reproduce the shipped weights."""
+"""`python -m bertserve.model.training {pretrain} ...` (or `bertserve pretrain ...`): the commands
+that reproduce the shipped weights."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ EXAMPLES = {
 }
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m model.training") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m bertserve.model.training") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -142,12 +143,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m model.training") 
         if args.command != "soup" and not args.data.is_dir():
             raise ValueError(f"--data {args.data} is not a directory")
         if args.command == "pretrain":
-            from model.training.pretrain import pretrain
-            from model.training.recipe import Recipe
+            from bertserve.model.training.pretrain import pretrain
+            from bertserve.model.training.recipe import Recipe
 
             pretrain(Recipe.load(args.recipe), args.data, args.out, args.stop_after, args.news)
         elif args.command == "finetune":
-            from model.training.finetune import FinetuneRecipe, finetune
+            from bertserve.model.training.finetune import FinetuneRecipe, finetune
 
             name = args.recipe or f"finetune-{args.data.name.split('-')[0]}"
             summary = finetune(
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m model.training") 
             )
             print(json.dumps(summary, indent=2))  # noqa: T201
         elif args.command == "distil":
-            from model.training.distil import DistilRecipe, distil
+            from bertserve.model.training.distil import DistilRecipe, distil
 
             name = args.recipe or f"distil-{args.data.name.split('-')[0]}"
             summary = distil(
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m model.training") 
             )
             print(json.dumps(summary, indent=2))  # noqa: T201
         elif args.command == "shrink":
-            from model.training.shrink import shrink
+            from bertserve.model.training.shrink import shrink
 
             summary = shrink(
                 args.teacher,
@@ -181,21 +182,21 @@ def main(argv: list[str] | None = None, prog: str = "python -m model.training") 
             )
             print(json.dumps(summary, indent=2))  # noqa: T201
         elif args.command == "rerank":
-            from model.training.rerank import RerankRecipe, train_rerank
+            from bertserve.model.training.rerank import RerankRecipe, train_rerank
 
             recipe = RerankRecipe.load(args.recipe)
             summary = train_rerank(args.init, args.data, args.out, recipe, args.stop_after)
             print(json.dumps(summary, indent=2))  # noqa: T201
         elif args.command == "soup":
-            from model.training.soup import soup
+            from bertserve.model.training.soup import soup
 
             print(json.dumps(soup(args.checkpoints, args.out), indent=2))  # noqa: T201
         else:
-            from model.training.evaluate import evaluate
+            from bertserve.model.training.evaluate import evaluate
 
             result = evaluate(args.task, args.bundle, args.data)
             if args.record:
-                from model.training.evaluate import record
+                from bertserve.model.training.evaluate import record
 
                 record(args.bundle, args.task, result)
             text = json.dumps(result, indent=2)

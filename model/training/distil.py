@@ -3,7 +3,7 @@ student of our architecture a task: a teacher's first layers narrowed (2 x 192, 
 `model/training/shrink.py`, the teacher's vocabulary), or our own from-scratch pre-trained
 2 x 128 model (its own cased vocabulary).
 
-    python -m model.training distil --task classify --teacher runs/minilm-sst2 \
+    bertserve distil --task classify --teacher runs/minilm-sst2 \
         --student runs/minilm-2x192 --data DATA/sst2 --out runs/distil-sst2
 
 The classic recipe (Hinton et al.; hints as in FitNets / TinyBERT):
@@ -43,13 +43,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.checkpoint import load_model, save_model
-from model.config import BertConfig
-from model.heads import BertPreTrainedModel
-from model.sources import read_provenance, write_provenance
-from model.tokenizer import BertTokenizer, Encoding
-from model.training.data import tasks as data
-from model.training.finetune import (
+from bertserve.model.checkpoint import load_model, save_model
+from bertserve.model.config import BertConfig
+from bertserve.model.heads import BertPreTrainedModel
+from bertserve.model.sources import read_provenance, write_provenance
+from bertserve.model.tokenizer import BertTokenizer, Encoding
+from bertserve.model.training.data import tasks as data
+from bertserve.model.training.finetune import (
     HEAD,
     Features,
     FinetuneRecipe,
@@ -266,7 +266,7 @@ class BundleTeacher:
     def __init__(self, directory: Path, threads: int) -> None:
         import onnxruntime as ort
 
-        from runtime.bundle import BundleError, check_model_file, load_bundle_spec
+        from bertserve.runtime.bundle import BundleError, check_model_file, load_bundle_spec
 
         self.spec = load_bundle_spec(directory)
         try:

@@ -1,7 +1,7 @@
 """Evaluation of an exported bundle through the service's own pre- and post-processing (the code
 that serves requests), on ONNX Runtime, without HTTP: what is measured is what is served.
 
-    python -m model.training evaluate --task classify --bundle bundles/sst2 --data DIR
+    bertserve evaluate --task classify --bundle bundles/sst2 --data DIR
 
 | task     | data (DIR)                 | metric                                              |
 |----------|----------------------------|-----------------------------------------------------|
@@ -29,15 +29,15 @@ from typing import Any
 
 from tqdm import tqdm
 
-from model.training.data import tasks as data
-from model.training.data.wikipedia import is_heldout, read_documents
-from model.training.metrics import accuracy, entity_f1, span_f1, squad_scores
-from runtime.batching import Row, RowResult, pad_rows, slice_outputs
-from runtime.bundle import load_bundle_spec
-from runtime.engine import Engine, EngineOptions
-from runtime.errors import ServiceError
-from runtime.tasks import classify, embed, fill_mask, ner, nsp, qa, rerank
-from runtime.tasks.common import Task, TaskContext
+from bertserve.model.training.data import tasks as data
+from bertserve.model.training.data.wikipedia import is_heldout, read_documents
+from bertserve.model.training.metrics import accuracy, entity_f1, span_f1, squad_scores
+from bertserve.runtime.batching import Row, RowResult, pad_rows, slice_outputs
+from bertserve.runtime.bundle import load_bundle_spec
+from bertserve.runtime.engine import Engine, EngineOptions
+from bertserve.runtime.errors import RequestError
+from bertserve.runtime.tasks import classify, embed, fill_mask, ner, nsp, qa, rerank
+from bertserve.runtime.tasks.common import Task, TaskContext
 
 
 class BundleRunner:
@@ -159,7 +159,7 @@ def evaluate_qa(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
         item = qa.QaInput(question=example.question, context=example.context)
         try:
             item_rows, prepared = qa.TASK.prepare(runner.ctx, [item], request)
-        except ServiceError:
+        except RequestError:
             kept.append(None)
             continue
         kept.append(len(inputs))
@@ -278,7 +278,7 @@ def evaluate_embed(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
     import numpy as np
     from sentence_transformers import SentenceTransformer
 
-    from model.sources import resolve_init
+    from bertserve.model.sources import resolve_init
 
     texts = [e.text for e in data.read_sst2(data_dir, "dev")]
     request = embed.EmbedRequest(inputs=texts, truncate=True)
@@ -306,7 +306,7 @@ def evaluate_rerank(
     retrieval baseline a reranker should beat)."""
     import numpy as np
 
-    from model.training.rerank import candidates, read_articles
+    from bertserve.model.training.rerank import candidates, read_articles
 
     articles, pool = read_articles(data_dir / "dev-v1.1.json")
     rng = np.random.default_rng(0)

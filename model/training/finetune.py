@@ -1,6 +1,6 @@
 """Fine-tuning: SST-2 / TREC (classify), CoNLL-2003 (ner), SQuAD v1.1 (qa).
 
-    python -m model.training finetune --task classify --init checkpoints/pretrained-wiki-tiny \
+    bertserve finetune --task classify --init checkpoints/pretrained-wiki-tiny \
         --data DATA/sst2 --out runs/sst2 [--recipe finetune-sst2]
 
 `--init random` trains the same shape from BERT's random initialisation: the no-pre-training
@@ -24,21 +24,21 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from model.checkpoint import load_model, read_config, save_model
-from model.heads import BertPreTrainedModel
-from model.sources import resolve_init, write_provenance
-from model.tokenizer import BertTokenizer
-from model.training.data import tasks as data
-from model.training.loop import (
+from bertserve.model.checkpoint import load_model, read_config, save_model
+from bertserve.model.heads import BertPreTrainedModel
+from bertserve.model.sources import resolve_init, write_provenance
+from bertserve.model.tokenizer import BertTokenizer
+from bertserve.model.training.data import tasks as data
+from bertserve.model.training.loop import (
     MetricsLog,
     build_optimizer,
     optimizer_step,
     plot_curves,
     warmup_linear_decay,
 )
-from model.training.metrics import accuracy, entity_f1
-from model.training.recipe import FlatRecipe
-from runtime.encoding import CASE_OR_UNKNOWN, CASE_UNKNOWN, case_type_vocab
+from bertserve.model.training.metrics import accuracy, entity_f1
+from bertserve.model.training.recipe import FlatRecipe
+from bertserve.runtime.encoding import CASE_OR_UNKNOWN, CASE_UNKNOWN, case_type_vocab
 
 log = logging.getLogger(__name__)
 HEAD = {

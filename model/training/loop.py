@@ -2,7 +2,7 @@
 checkpoints that resume exactly, a JSONL metrics log and its PNG plot.
 
 Distributed data parallel is switched on by torchrun's environment variables (gloo on CPU, nccl
-on CUDA); a plain `python -m model.training ...` is a world of one.
+on CUDA); a plain `bertserve pretrain ...` is a world of one.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from model.checkpoint import load_model, save_model
-from model.heads import BertPreTrainedModel
+from bertserve.model.checkpoint import load_model, save_model
+from bertserve.model.heads import BertPreTrainedModel
 
 log = logging.getLogger(__name__)
 STATE_NAME = "trainer_state.pt"

@@ -1,6 +1,6 @@
 """Pre-training with MLM + NSP: corpus -> vocabulary -> NSP pairs -> the training loop.
 
-`python -m model.training pretrain --recipe cpu --data DIR --out OUT` runs it all. Prepared data
+`bertserve pretrain --recipe cpu --data DIR --out OUT` runs it all. Prepared data
 (tokenizer and pair shards) lands in OUT/data and is reused when the recipe's data settings are
 unchanged; OUT/checkpoint is rewritten every `checkpoint_every` steps and a run started again with
 the same OUT resumes from it exactly (same batches, masks, dropout and schedule). The finished
@@ -22,20 +22,20 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from model.checkpoint import load_model
-from model.config import BertConfig
-from model.heads import BertForPreTraining
-from model.sources import resolve_init, write_provenance
-from model.tokenizer import BertTokenizer
-from model.training.data.pretraining import (
+from bertserve.model.checkpoint import load_model
+from bertserve.model.config import BertConfig
+from bertserve.model.heads import BertForPreTraining
+from bertserve.model.sources import resolve_init, write_provenance
+from bertserve.model.tokenizer import BertTokenizer
+from bertserve.model.training.data.pretraining import (
     MaskingConfig,
     PairShard,
     pairs_from_document,
     write_pairs,
 )
-from model.training.data.tasks import read_conll_documents
-from model.training.data.wikipedia import is_heldout, read_documents
-from model.training.loop import (
+from bertserve.model.training.data.tasks import read_conll_documents
+from bertserve.model.training.data.wikipedia import is_heldout, read_documents
+from bertserve.model.training.loop import (
     Dist,
     MetricsLog,
     build_optimizer,
@@ -45,7 +45,7 @@ from model.training.loop import (
     unwrap,
     warmup_linear_decay,
 )
-from model.training.recipe import Recipe
+from bertserve.model.training.recipe import Recipe
 
 log = logging.getLogger(__name__)
 
@@ -413,7 +413,7 @@ def finish(
     d: Dist,
 ) -> dict[str, float]:
     """Write the servable result: the checkpoint, tokenizer, evaluation and loss curves."""
-    from model.checkpoint import save_model
+    from bertserve.model.checkpoint import save_model
 
     save_model(model, out)
     tokenizer.save(out)

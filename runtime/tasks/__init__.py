@@ -7,8 +7,8 @@ handler and evaluation are generated from or driven by this table; nothing else 
 
 from __future__ import annotations
 
-from runtime.tasks import classify, embed, fill_mask, ner, nsp, qa, rerank
-from runtime.tasks.common import Task
+from bertserve.runtime.tasks import classify, embed, fill_mask, ner, nsp, qa, rerank
+from bertserve.runtime.tasks.common import Task
 
 TASKS: dict[str, Task] = {
     t.path: t

@@ -7,9 +7,9 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from runtime.batching import Row, RowResult
-from runtime.schemas import WHOLE, Params, Request, Text
-from runtime.tasks.common import Task, TaskContext, row, sigmoid, softmax
+from bertserve.runtime.batching import Row, RowResult
+from bertserve.runtime.schemas import WHOLE, Params, Request, Text
+from bertserve.runtime.tasks.common import Task, TaskContext, row, sigmoid, softmax
 
 
 class ClassifyParams(Params):

@@ -18,10 +18,10 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from runtime.batching import Row, RowResult
-from runtime.errors import InvalidInput
-from runtime.schemas import STRICT, WHOLE, Params, Request, Text
-from runtime.tasks.common import Task, TaskContext, row, usage
+from bertserve.runtime.batching import Row, RowResult
+from bertserve.runtime.errors import InvalidInput
+from bertserve.runtime.schemas import STRICT, WHOLE, Params, Request, Text
+from bertserve.runtime.tasks.common import Task, TaskContext, row, usage
 
 Texts = Text | Annotated[list[Text], Field(min_length=1)]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0), WHOLE]], Field(min_length=1)]

@@ -9,10 +9,17 @@ from typing import Annotated, Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, Field
 
-from runtime.batching import Row, RowResult
-from runtime.errors import InvalidInput, TooLarge
-from runtime.schemas import Int, Params, Request
-from runtime.tasks.common import Task, TaskContext, checkpoint, row, softmax, top_k_indices
+from bertserve.runtime.batching import Row, RowResult
+from bertserve.runtime.errors import InvalidInput, TooLarge
+from bertserve.runtime.schemas import Int, Params, Request
+from bertserve.runtime.tasks.common import (
+    Task,
+    TaskContext,
+    checkpoint,
+    row,
+    softmax,
+    top_k_indices,
+)
 
 MaskedText = Annotated[
     str,

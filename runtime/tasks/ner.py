@@ -15,11 +15,18 @@ import numpy as np
 from pydantic import BaseModel, Field
 from tokenizers import Encoding, Tokenizer
 
-from runtime.batching import Row, RowResult
-from runtime.encoding import case_type_ids
-from runtime.errors import TooLarge
-from runtime.schemas import Int, Params, Request, Text
-from runtime.tasks.common import Task, TaskContext, checkpoint, min_tokens, softmax, tokenize
+from bertserve.runtime.batching import Row, RowResult
+from bertserve.runtime.encoding import case_type_ids
+from bertserve.runtime.errors import TooLarge
+from bertserve.runtime.schemas import Int, Params, Request, Text
+from bertserve.runtime.tasks.common import (
+    Task,
+    TaskContext,
+    checkpoint,
+    min_tokens,
+    softmax,
+    tokenize,
+)
 
 
 class NerParams(Params):

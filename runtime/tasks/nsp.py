@@ -7,9 +7,9 @@ from typing import Annotated, Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, Field
 
-from runtime.batching import Row, RowResult
-from runtime.schemas import STRICT, Params, Request, Text
-from runtime.tasks.common import Task, TaskContext, row, softmax
+from bertserve.runtime.batching import Row, RowResult
+from bertserve.runtime.schemas import STRICT, Params, Request, Text
+from bertserve.runtime.tasks.common import Task, TaskContext, row, softmax
 
 
 class NspInput(BaseModel):

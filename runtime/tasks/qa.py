@@ -16,10 +16,10 @@ import numpy as np
 from pydantic import BaseModel, Field
 from tokenizers import Encoding
 
-from runtime.batching import Row, RowResult
-from runtime.errors import TooLarge
-from runtime.schemas import STRICT, Int, Params, Request, Text
-from runtime.tasks.common import (
+from bertserve.runtime.batching import Row, RowResult
+from bertserve.runtime.errors import TooLarge
+from bertserve.runtime.schemas import STRICT, Int, Params, Request, Text
+from bertserve.runtime.tasks.common import (
     Task,
     TaskContext,
     checkpoint,

@@ -80,7 +80,7 @@ def test_transformers_peer_serves_the_bundles_own_weights(checkpoints, tmp_path)
 
     from bench.peers.common import OrtClassifier
     from bench.peers.hf_pipeline import build_pipeline, check_same_model
-    from export.bundle import build_bundle
+    from bertserve.export.bundle import build_bundle
 
     # Every weight distinct (a fresh model's LayerNorms are all ones, and ONNX Runtime shares
     # identical initialisers under one name), as in a trained model.
@@ -109,8 +109,8 @@ def test_ab_serves_an_old_format_bundle_unchanged(task, checkpoints, tmp_path):
     """bench.ab gives this code the old code's own model files: a format-1 bundle.json becomes
     format 2 with the same model, and the axes the outputs have."""
     from bench.ab import as_format_2
-    from export.bundle import build_bundle
-    from runtime.bundle import check_model_file, load_bundle_spec
+    from bertserve.export.bundle import build_bundle
+    from bertserve.runtime.bundle import check_model_file, load_bundle_spec
 
     arch = {"ner": "BertForTokenClassification", "fill-mask": "BertForPreTraining"}[task]
     current = build_bundle(checkpoints[arch], [task], tmp_path / "v2")
@@ -140,7 +140,7 @@ def test_make_bench_serves_the_bundle_it_measures():
     from pathlib import Path
 
     from bench.run import runnable_peers, served_bundles
-    from runtime.bundle import load_bundle_spec
+    from bertserve.runtime.bundle import load_bundle_spec
 
     shipped = Path(__file__).resolve().parents[2] / "bundles"
     student = shipped / "sst2-distilled-2x192"

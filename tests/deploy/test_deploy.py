@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from service.settings import Settings
+from bertserve.service.settings import Settings
 from tests.helpers.server import live_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -207,8 +207,8 @@ def test_dashboard_is_provisioned_and_has_the_panels():
 
 
 def test_probes_and_ports_match_the_service():
-    from service.app import create_app  # noqa: F401  (routes are registered on import)
-    from service.routes import ops
+    from bertserve.service.http.app import create_app  # noqa: F401  (routes are registered on import)
+    from bertserve.service.http.routes import ops
 
     routes = {r.path for r in ops.routes}
     spec = container(deployment())
@@ -224,7 +224,9 @@ def test_probes_and_ports_match_the_service():
         assert f"http://127.0.0.1:{port}/health/ready" in text
         assert "8000" in text
     for dockerfile in DOCKERFILES.values():
-        assert 'ENTRYPOINT ["python", "-m", "service"]' in dockerfile.read_text()  # exec form
+        assert (
+            'ENTRYPOINT ["python", "-m", "bertserve.service"]' in dockerfile.read_text()
+        )  # exec form
 
 
 def test_grace_periods_outlast_the_drain():

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from export.__main__ import main
-from export.bundle import build_bundle, verify
-from export.graph import TaskGraph, graph_io
-from export.parity import onnx_outputs, torch_outputs
-from model.checkpoint import load_model
-from runtime.bundle import BundleError, load_bundle_spec
+from bertserve.export.__main__ import main
+from bertserve.export.bundle import build_bundle, verify
+from bertserve.export.graph import TaskGraph, graph_io
+from bertserve.export.parity import onnx_outputs, torch_outputs
+from bertserve.model.checkpoint import load_model
+from bertserve.runtime.bundle import BundleError, load_bundle_spec
 from tests.helpers.checkpoints import HF_CLASSES, TEXTS
 
 TASK_ARCH = {
@@ -342,7 +342,7 @@ def test_verify_takes_the_sample_as_evidence_against_the_gate_not_as_the_rate(
     at exactly 98%): verify fails a bundle only when its misses are improbable (< 1%) at the
     gate; fp32 must agree on every one. The parity is injected: the sample's outcome is the
     fault."""
-    from export import bundle as exporter
+    from bertserve.export import bundle as exporter
 
     bundle = tmp_path / "b"
     shutil.copytree(bundles["root"] / "qa", bundle)
@@ -358,7 +358,7 @@ def test_verify_takes_the_sample_as_evidence_against_the_gate_not_as_the_rate(
 
 
 def test_agreement_p_value_is_the_binomial_tail_at_the_gate():
-    from export.parity import agreement_p_value
+    from bertserve.export.parity import agreement_p_value
 
     assert agreement_p_value(1.0, 21, 0.98) == 1.0
     assert agreement_p_value(20 / 21, 21, 0.98) == pytest.approx(1 - 0.98**21)
@@ -387,7 +387,7 @@ def test_convert_rewrites_a_bundle_without_its_checkpoint(checkpoints, tmp_path,
     assert acc["reference"] == "fp16-weights" and acc["top1_agreement"] >= 0.98
     assert acc["converted_from"] == {"precision": "fp16-weights", "sha256": before.model_sha256}
     assert after.metrics == {}  # measured on the old graph: evaluate the new one
-    assert "then python -m export convert" in after.created_by
+    assert "then bertserve convert" in after.created_by
     assert verify(bundle)["precision"] == target
     assert not bundle.with_name("qa.tmp").exists()
 
@@ -404,7 +404,7 @@ def test_a_labelled_head_without_labels_is_refused_by_name():
     without them is refused with the reason, not a TypeError from indexing None."""
     from types import SimpleNamespace
 
-    from export.bundle import head_labels
+    from bertserve.export.bundle import head_labels
 
     labelled = SimpleNamespace(id2label={1: "positive", 0: "negative"}, num_labels=2)
     assert head_labels(labelled, ["classify"]) == ["negative", "positive"]
@@ -423,7 +423,7 @@ def test_int8_quantisation_leaves_the_root_log_level_as_it_found_it(tmp_path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from export.variants import to_int8
+    from bertserve.export.variants import to_int8
 
     weight = numpy_helper.from_array(np.ones((8, 4), np.float32), "w")
     graph = helper.make_graph(
@@ -450,7 +450,7 @@ def test_int8_quantisation_leaves_the_root_log_level_as_it_found_it(tmp_path):
 def test_prompts_come_from_the_sentence_transformers_config(tmp_path):
     """E5-style prompts and the default prompt name travel from config_sentence_transformers.json
     into bundle.json; a default that names no prompt stops the export."""
-    from export.graph import ExportError, read_prompts
+    from bertserve.export.graph import ExportError, read_prompts
 
     assert read_prompts(tmp_path) == {"prompts": {}, "default_prompt_name": None}
     config = tmp_path / "config_sentence_transformers.json"
@@ -474,7 +474,7 @@ def test_prompts_come_from_the_sentence_transformers_config(tmp_path):
     ],
 )
 def test_pooling_is_read_in_both_sentence_transformers_formats(tmp_path, pooling, mode):
-    from export.graph import ExportError, read_pooling
+    from bertserve.export.graph import ExportError, read_pooling
 
     (tmp_path / "1_Pooling").mkdir()
     (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))

@@ -10,9 +10,9 @@ import onnx
 import pytest
 from onnx import TensorProto
 
-from export.bundle import build_bundle, verify
-from export.parity import onnx_outputs
-from export.variants import INT4_BLOCK, dequantise_int4, int4_embeddings, quantise_int4
+from bertserve.export.bundle import build_bundle, verify
+from bertserve.export.parity import onnx_outputs
+from bertserve.export.variants import INT4_BLOCK, dequantise_int4, int4_embeddings, quantise_int4
 from tests.export.test_export import eval_tsv
 from tests.export.test_nf4 import FORMS, HIDDEN, VOCAB, _gather_graph, optimised_graph
 

@@ -9,17 +9,17 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from export.__main__ import main
-from export.bundle import build_bundle, verify
-from export.parity import onnx_outputs
-from export.variants import (
+from bertserve.export.__main__ import main
+from bertserve.export.bundle import build_bundle, verify
+from bertserve.export.parity import onnx_outputs
+from bertserve.export.variants import (
     NF4_BLOCK,
     NF4_LEVELS,
     dequantise_nf4,
     nf4_embeddings,
     quantise_nf4,
 )
-from runtime.bundle import load_bundle_spec
+from bertserve.runtime.bundle import load_bundle_spec
 from tests.export.test_export import eval_tsv
 
 VOCAB, HIDDEN = 500, 96  # three blocks a row

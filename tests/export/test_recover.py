@@ -1,4 +1,4 @@
-"""`python -m export checkpoint`: a bundle's graph read back into the checkpoint it came from, so
+"""`bertserve checkpoint`: a bundle's graph read back into the checkpoint it came from, so
 training continues from what is served."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from export.__main__ import main
-from export.bundle import build_bundle
-from export.recover import RECOVERED_NAME, checkpoint_from_bundle
-from model.checkpoint import load_model
-from model.sources import read_provenance
-from runtime.bundle import load_bundle_spec
+from bertserve.export.__main__ import main
+from bertserve.export.bundle import build_bundle
+from bertserve.export.recover import RECOVERED_NAME, checkpoint_from_bundle
+from bertserve.model.checkpoint import load_model
+from bertserve.model.sources import read_provenance
+from bertserve.runtime.bundle import load_bundle_spec
 from tests.export.test_export import eval_tsv
 
 ARCHS = {

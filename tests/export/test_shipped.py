@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from export.bundle import SAMPLE_TEXTS, build_bundle, verify
-from export.parity import MIN_AGREEMENT, TOLERANCE, compare, onnx_outputs, sample_feeds
-from model.tokenizer import BertTokenizer
-from runtime.bundle import load_bundle_spec
+from bertserve.export.bundle import SAMPLE_TEXTS, build_bundle, verify
+from bertserve.export.parity import MIN_AGREEMENT, TOLERANCE, compare, onnx_outputs, sample_feeds
+from bertserve.model.tokenizer import BertTokenizer
+from bertserve.runtime.bundle import load_bundle_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINT = ROOT / "checkpoints" / "pretrained-wiki-tiny"

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import uvicorn
 
-from service.app import create_app
-from service.server import DrainingServer, uvicorn_config
-from service.settings import Settings
+from bertserve.service.http.app import create_app
+from bertserve.service.process.server import DrainingServer, uvicorn_config
+from bertserve.service.settings import Settings
 
 
 def free_port() -> int:

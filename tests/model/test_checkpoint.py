@@ -9,8 +9,8 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from model.checkpoint import CheckpointError, load_model, save_model
-from model.heads import (
+from bertserve.model.checkpoint import CheckpointError, load_model, save_model
+from bertserve.model.heads import (
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
@@ -141,7 +141,7 @@ def test_transformers_checkpoint_loads_into_ours(tmp_path, tiny_config, padded_b
 def test_our_checkpoint_loads_into_transformers(tmp_path, tiny_config, padded_batch, name):
     hf_cls, read_hf, read_ours = PAIRS[name]
     torch.manual_seed(1)
-    from model.heads import HEADS
+    from bertserve.model.heads import HEADS
 
     ours = HEADS[name](config_for(name, tiny_config)).eval()
     save_model(ours, tmp_path)
@@ -181,7 +181,7 @@ def test_pytorch_bin_with_gamma_beta_and_a_bare_encoder(tmp_path, tiny_config, p
 
 def test_missing_head_is_initialised_and_logged(tmp_path, tiny_config, caplog):
     save_model(BertForPreTraining(tiny_config), tmp_path)
-    with caplog.at_level(logging.INFO, logger="model.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="bertserve.model.checkpoint"):
         model = load_model(tmp_path, "BertForSequenceClassification")
     assert "initialised (not in the checkpoint): classifier.weight, classifier.bias" in caplog.text
     assert "dropped (another head's weights): cls." in caplog.text

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from model.config import BertConfig
+from bertserve.model.config import BertConfig
 
 
 def test_round_trip_through_config_json(tmp_path, tiny_config):
@@ -67,8 +67,8 @@ def test_config_is_frozen(tiny_config):
 def test_the_case_schemes_segment_counts_agree_with_the_runtime():
     """model/config.py checks a config's segment table against CASE_SEGMENTS; the runtime
     computes the ids: the two must say the same of every scheme."""
-    from model.config import CASE_SEGMENTS
-    from runtime.encoding import CASE_SCHEMES, case_type_vocab
+    from bertserve.model.config import CASE_SEGMENTS
+    from bertserve.runtime.encoding import CASE_SCHEMES, case_type_vocab
 
     assert set(CASE_SEGMENTS) == set(CASE_SCHEMES)
     assert all(case_type_vocab(s) == n for s, n in CASE_SEGMENTS.items())

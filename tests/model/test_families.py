@@ -10,9 +10,9 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from model.checkpoint import CheckpointError, load_model, save_model
-from model.config import BertConfig
-from model.heads import HEADS
+from bertserve.model.checkpoint import CheckpointError, load_model, save_model
+from bertserve.model.config import BertConfig
+from bertserve.model.heads import HEADS
 
 SHAPE = {
     "vocab_size": 99,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.bert import BertModel
-from model.heads import (
+from bertserve.model.bert import BertModel
+from bertserve.model.heads import (
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,

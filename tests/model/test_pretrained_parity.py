@@ -8,8 +8,8 @@ import pytest
 import torch
 import transformers
 
-from model.checkpoint import load_model
-from model.tokenizer import BertTokenizer
+from bertserve.model.checkpoint import load_model
+from bertserve.model.tokenizer import BertTokenizer
 
 SENTENCES = [
     "The movie was a delight from start to finish.",

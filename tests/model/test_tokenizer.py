@@ -8,7 +8,7 @@ import json
 import pytest
 import transformers
 
-from model.tokenizer import SPECIAL_TOKENS, BertTokenizer
+from bertserve.model.tokenizer import SPECIAL_TOKENS, BertTokenizer
 from tests.conftest import BERT_VOCAB, shared_data
 
 

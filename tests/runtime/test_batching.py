@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from runtime.batching import (
+from bertserve.runtime.batching import (
     Activity,
     Batcher,
     CallCost,
@@ -26,7 +26,7 @@ from runtime.batching import (
     cheapest_prefix,
     gather,
 )
-from runtime.errors import ClientGone, DeadlineExceeded, Overloaded
+from bertserve.runtime.errors import ClientGone, DeadlineExceeded, Overloaded
 
 
 @dataclass(frozen=True)
@@ -335,8 +335,8 @@ class Recorded:
 
 @pytest.fixture
 def lone_engine(bundle_dir):
-    from runtime.bundle import load_bundle_spec
-    from runtime.engine import Engine, EngineOptions
+    from bertserve.runtime.bundle import load_bundle_spec
+    from bertserve.runtime.engine import Engine, EngineOptions
 
     directory = bundle_dir / "sentiment"
     options = EngineOptions("CPUExecutionProvider", 1, lone_threads=2)
@@ -401,8 +401,8 @@ def test_a_request_in_another_worker_keeps_a_lone_row_off_every_core(lone_engine
 
 
 def test_without_a_lone_session_nothing_runs_on_the_event_loop(bundle_dir):
-    from runtime.bundle import load_bundle_spec
-    from runtime.engine import Engine, EngineOptions
+    from bertserve.runtime.bundle import load_bundle_spec
+    from bertserve.runtime.engine import Engine, EngineOptions
 
     directory = bundle_dir / "sentiment"
     engine = Engine(directory, load_bundle_spec(directory), EngineOptions("CPUExecutionProvider"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.bundle import load_bundle_spec
-from runtime.engine import Engine, EngineOptions
+from bertserve.runtime.bundle import load_bundle_spec
+from bertserve.runtime.engine import Engine, EngineOptions
 
 
 def test_spinning_can_stop_with_each_call(bundle_dir):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.tasks.common import TaskContext, top_k_indices
+from bertserve.runtime.tasks.common import TaskContext, top_k_indices
 
 
 @pytest.mark.parametrize("k", [1, 5, 16, 17, 40])
@@ -53,8 +53,8 @@ def test_truncation_matches_the_tokenizers_longest_first_without_its_overflow(bu
 
     from tokenizers import Tokenizer
 
-    from runtime.bundle import load_bundle_spec
-    from runtime.tasks.common import TaskContext
+    from bertserve.runtime.bundle import load_bundle_spec
+    from bertserve.runtime.tasks.common import TaskContext
 
     bundle = bundle_dir / "pretrained"
     spec = load_bundle_spec(bundle)
@@ -92,10 +92,10 @@ def test_truncation_matches_the_tokenizers_longest_first_without_its_overflow(bu
 def test_ner_refuses_from_a_text_start_only_what_the_whole_text_would_need(bundle_dir):
     """/ner refuses a long text from the pieces of its start (less a cut word's) when those
     alone need more windows than are left: never a text whose exact count fits."""
-    from runtime.bundle import load_bundle_spec
-    from runtime.tasks import ner
-    from runtime.tasks.common import TaskContext
-    from service.errors import TooLarge
+    from bertserve.runtime.bundle import load_bundle_spec
+    from bertserve.runtime.tasks import ner
+    from bertserve.runtime.tasks.common import TaskContext
+    from bertserve.service.http.errors import TooLarge
 
     bundle = bundle_dir / "entities"
     ctx = TaskContext.load(bundle, load_bundle_spec(bundle), 10**6, max_rows=4)
@@ -115,8 +115,8 @@ def test_ner_refuses_from_a_text_start_only_what_the_whole_text_would_need(bundl
 def test_a_prompt_goes_before_the_text_and_the_default_applies_unasked():
     from types import SimpleNamespace
 
-    from runtime.errors import InvalidInput
-    from runtime.tasks.embed import prompted
+    from bertserve.runtime.errors import InvalidInput
+    from bertserve.runtime.tasks.embed import prompted
 
     spec = SimpleNamespace(
         name="e5", prompts={"query": "query: ", "passage": "passage: "}, default_prompt_name=None
@@ -136,7 +136,7 @@ def test_a_long_question_is_cut_at_a_piece_boundary_to_the_limit():
     from tokenizers import Tokenizer
     from tokenizers.implementations import BertWordPieceTokenizer
 
-    from runtime.tasks.qa import cut_question
+    from bertserve.runtime.tasks.qa import cut_question
     from tests.conftest import BERT_VOCAB
 
     wordpiece = BertWordPieceTokenizer(str(BERT_VOCAB), lowercase=True)

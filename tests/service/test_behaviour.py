@@ -295,7 +295,7 @@ def test_dead_batching_loop_is_restarted(bundle_dir):
 
 
 def test_readiness_is_false_until_warm(bundle_dir, monkeypatch):
-    from service.state import ServiceState
+    from bertserve.service.state import ServiceState
 
     release = threading.Event()
     real = ServiceState.warm_up
@@ -403,7 +403,7 @@ def test_truncation_on_request(server):
 def test_failed_warm_up_fails_liveness(bundle_dir, monkeypatch):
     """A model that cannot run its warm-up will never serve: liveness says so (the orchestrator
     restarts the pod) instead of a process that is alive and never ready."""
-    from service.state import ServiceState
+    from bertserve.service.state import ServiceState
 
     def broken(self):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
@@ -421,11 +421,21 @@ def test_failed_warm_up_fails_liveness(bundle_dir, monkeypatch):
 
 
 def test_every_error_type_is_exported_and_http_errors_are_counted(server):
-    from service.errors import ServiceError, error_types
+    from bertserve.runtime import errors as runtime_errors
+    from bertserve.service.http.errors import HttpError, RequestError, answer_of, error_types
 
     kinds = error_types()
-    subclasses = {c.error_type for c in ServiceError.__subclasses__()}
-    assert subclasses <= set(kinds) and {"client_closed", "method_not_allowed"} <= set(kinds)
+    # Every runtime error has its answer in the table, and every HTTP-only one its own.
+    raised = [
+        getattr(runtime_errors, name)("x")
+        for name in dir(runtime_errors)
+        if isinstance(getattr(runtime_errors, name), type)
+        and issubclass(getattr(runtime_errors, name), RequestError)
+    ]
+    raised += [c("x") for c in HttpError.__subclasses__()]
+    assert len(raised) >= 14
+    assert {answer_of(e).error_type for e in raised} <= set(kinds)
+    assert {"client_closed", "method_not_allowed"} <= set(kinds)
     for kind in kinds:
         metric(server, "bertserve_errors_total", error_type=kind)  # exists, if zero
     with server.client() as c:
@@ -456,7 +466,7 @@ def test_queue_time_is_the_slowest_rows_in_log_and_metric(bundle_dir, caplog):
         queue_before = metric(
             live, "bertserve_stage_duration_seconds_sum", endpoint="/classify", stage="queue"
         )
-        with caplog.at_level(logging.INFO, logger="service.access"):
+        with caplog.at_level(logging.INFO, logger="bertserve.access"):
             assert c.post("/classify", json={"inputs": SENTENCES * 4}).status_code == 200
 
             def logged():  # the access line is written just after the answer is sent
@@ -582,7 +592,7 @@ def test_bearer_auth_guards_everything_but_the_probes_and_metrics(bundle_dir):
 def test_short_api_keys_are_refused_at_start(bundle_dir):
     from pydantic import ValidationError
 
-    from service.settings import Settings
+    from bertserve.service.settings import Settings
 
     with pytest.raises(ValidationError, match="at least 16"):
         Settings(bundles=bundle_dir, api_keys=f"{NEW_KEY},s3cret")

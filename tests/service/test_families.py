@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import transformers
 
-from export.bundle import build_bundle
+from bertserve.export.bundle import build_bundle
 from tests.helpers.families import CLASSES, TASK_HEADS, family_checkpoint
 from tests.helpers.server import live_server
 from tests.service.test_parity import assert_same, plain

@@ -163,7 +163,7 @@ PAIRS = [
 def test_nsp_mixed_with_fill_mask(server, checkpoints):
     """/nsp equals BertForPreTraining's next-sentence head (transformers has no NSP pipeline),
     alone and with /fill-mask requests sent at the same time, so that their rows may share
-    batches (whether they did is the batcher's timing; tests/service/test_device.py pads the
+    batches (whether they did is the batcher's timing; tests/service/process/test_device.py pads the
     two kinds into one call directly): the /nsp rows send no mask slots once the warm-up probe
     allowed it, and both answers stay right."""
     directory = checkpoints["BertForPreTraining"]

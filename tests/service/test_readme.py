@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from runtime.tasks import TASKS
+from bertserve.runtime.tasks import TASKS
 from tests.helpers.server import live_server
 
 pytestmark = pytest.mark.slow

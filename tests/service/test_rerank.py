@@ -39,7 +39,7 @@ def cross_encoder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(cross_encoder, tmp_path_factory):
-    from export.bundle import build_bundle
+    from bertserve.export.bundle import build_bundle
 
     root = tmp_path_factory.mktemp("rerank-bundles")
     spec = build_bundle(cross_encoder, ["rerank"], root / "tiny-reranker")
@@ -110,7 +110,7 @@ def test_documents_as_objects_and_the_bounds(server, expected):
 
 
 def test_a_classifier_with_several_labels_is_no_reranker(tmp_path):
-    from export.bundle import build_bundle
+    from bertserve.export.bundle import build_bundle
     from tests.helpers.checkpoints import hf_checkpoint
 
     checkpoint = hf_checkpoint(tmp_path / "sentiment", "BertForSequenceClassification")

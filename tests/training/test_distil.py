@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from model.checkpoint import load_model
-from model.tokenizer import BertTokenizer
-from model.training.__main__ import main
-from model.training.data import tasks as data
-from model.training.distil import (
+from bertserve.model.checkpoint import load_model
+from bertserve.model.tokenizer import BertTokenizer
+from bertserve.model.training.__main__ import main
+from bertserve.model.training.data import tasks as data
+from bertserve.model.training.distil import (
     DistilRecipe,
     _pairs,
     _word_positions,
@@ -134,8 +134,8 @@ def test_distil_end_to_end(task, checkpoints, tmp_path):
 def test_distil_from_a_bundle_teacher(task, checkpoints, tmp_path):
     """A shipped bundle teaches through ONNX Runtime: its logits are computed once a training
     row (cached: later epochs cost no teacher pass), and the hints are off (no hidden states)."""
-    from export.bundle import build_bundle
-    from model.training.distil import BundleTeacher
+    from bertserve.export.bundle import build_bundle
+    from bertserve.model.training.distil import BundleTeacher
 
     data_dir = write_data(tmp_path)[task]
     recipe = tmp_path / "r.toml"
@@ -164,7 +164,7 @@ def test_distil_from_a_bundle_teacher(task, checkpoints, tmp_path):
         assert load_model(out).config.id2label == load_model(teacher).config.id2label
 
     # the cached logits are the bundle's own, trimmed to each row's tokens
-    from model.training.finetune import batch_tensors
+    from bertserve.model.training.finetune import batch_tensors
 
     t = BundleTeacher(bundle, threads=1)
     ids = [[2, 10, 11, 12, 3], [2, 20, 3]]
@@ -207,7 +207,7 @@ def test_case_dropout_shows_both_models_the_same_sentences_without_their_case(
 ):
     """Student and teacher rows are the same examples, so a sentence shown without its case
     is shown so to both (the same tokenizer on both sides: identical segment ids)."""
-    from model.training.distil import paired_features
+    from bertserve.model.training.distil import paired_features
 
     data_dir = tmp_path / "conll2003"  # capitalised: a sentence without case reads differently
     data_dir.mkdir()

@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from export.bundle import build_bundle
-from model.checkpoint import load_model
-from model.training.__main__ import main
-from model.training.evaluate import evaluate, word_tags
+from bertserve.export.bundle import build_bundle
+from bertserve.model.checkpoint import load_model
+from bertserve.model.training.__main__ import main
+from bertserve.model.training.evaluate import evaluate, word_tags
 
 pytestmark = pytest.mark.slow
 GOOD = ["the film was good", "a good movie", "great and good", "the king was good"]
@@ -157,7 +157,7 @@ def test_finetune_from_a_package_records_provenance(tmp_path):
 def test_length_bucketed_batches_cover_the_data_once_with_little_padding():
     import numpy as np
 
-    from model.training.finetune import Features, length_bucketed
+    from bertserve.model.training.finetune import Features, length_bucketed
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(3, 120, size=1000)
@@ -178,7 +178,7 @@ def test_case_type_ids_let_an_uncased_model_tag_by_capitals(checkpoints, tmp_pat
     """Toy data where letter case is the only cue ("Paris" a place, "paris" not): the uncased
     tiny model cannot learn it from its word pieces; with `case_type_ids` it learns it, the
     bundle says so, and the service feeds the case on /ner (scored through its own code)."""
-    from runtime.bundle import load_bundle_spec
+    from bertserve.runtime.bundle import load_bundle_spec
 
     conll = tmp_path / "conll2003"
     conll.mkdir()

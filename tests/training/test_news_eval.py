@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from model.training.data.tasks import read_conll_documents
-from model.training.evaluate import NEWS, evaluate
+from bertserve.model.training.data.tasks import read_conll_documents
+from bertserve.model.training.evaluate import NEWS, evaluate
 
 STORIES = [
     ["the king was born in paris", "the queen was born in london", "a good year", "the end"],

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from model.checkpoint import load_model
-from model.training.__main__ import main
-from model.training.recipe import RECIPES_DIR, Recipe
+from bertserve.model.checkpoint import load_model
+from bertserve.model.training.__main__ import main
+from bertserve.model.training.recipe import RECIPES_DIR, Recipe
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "wiki"
 pytestmark = pytest.mark.slow
@@ -148,8 +148,8 @@ def test_continued_pretraining_starts_from_the_checkpoint_and_keeps_frozen_layer
     trains; the provenance of the start is written beside the result."""
     import torch
 
-    from model.sources import read_provenance
-    from model.tokenizer import BertTokenizer
+    from bertserve.model.sources import read_provenance
+    from bertserve.model.tokenizer import BertTokenizer
 
     recipe = write_recipe(tmp_path / "continue.toml", frozen_layers=1, max_steps=6)
     recipe.write_text(f'init = "{uninterrupted}"\n' + recipe.read_text())
@@ -179,9 +179,9 @@ def test_news_stories_join_the_training_pairs_and_leave_the_held_out_ones(tmp_pa
 
     import numpy as np
 
-    from model.tokenizer import BertTokenizer
-    from model.training.data.pretraining import PairShard
-    from model.training.pretrain import masking_for, prepare_data
+    from bertserve.model.tokenizer import BertTokenizer
+    from bertserve.model.training.data.pretraining import PairShard
+    from bertserve.model.training.pretrain import masking_for, prepare_data
     from tests.training.test_news_eval import STORIES, write_news
 
     news = write_news(tmp_path / "conll2003", STORIES * 4, split="eng.train")

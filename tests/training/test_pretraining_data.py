@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from model.training.data.pretraining import (
+from bertserve.model.training.data.pretraining import (
     IS_NEXT,
     NOT_NEXT,
     MaskingConfig,
@@ -147,7 +147,7 @@ def test_masking_80_10_10_within_statistical_bounds():
 
 
 def test_shard_batches_segments_padding_and_dynamic_masks(tmp_path):
-    from model.training.data.pretraining import Pair
+    from bertserve.model.training.data.pretraining import Pair
 
     pairs = [Pair([10, 11, 12], [20, 21], IS_NEXT), Pair([30] * 50, [40] * 40, NOT_NEXT)]
     write_pairs(pairs, tmp_path, VOCAB)

@@ -8,7 +8,7 @@ import shutil
 
 import onnxruntime
 
-from model.training.evaluate import machine, record
+from bertserve.model.training.evaluate import machine, record
 
 CPUINFO = """processor\t: 0
 model name\t: AMD EPYC 7B13

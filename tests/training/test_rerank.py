@@ -9,10 +9,10 @@ import random
 
 import pytest
 
-from export.bundle import build_bundle
-from model.checkpoint import read_config
-from model.training.__main__ import main
-from model.training.evaluate import evaluate
+from bertserve.export.bundle import build_bundle
+from bertserve.model.checkpoint import read_config
+from bertserve.model.training.__main__ import main
+from bertserve.model.training.evaluate import evaluate
 
 pytestmark = pytest.mark.slow
 # Every question's gold paragraph is the king's, among the same four: learnable in a few steps

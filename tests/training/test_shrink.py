@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.checkpoint import load_model
-from model.config import BertConfig
-from model.heads import BertForPreTraining, BertForTokenClassification
-from model.tokenizer import BertTokenizer
-from model.training.__main__ import main
-from model.training.shrink import Basis, collect_states, narrow, stream_basis
+from bertserve.model.checkpoint import load_model
+from bertserve.model.config import BertConfig
+from bertserve.model.heads import BertForPreTraining, BertForTokenClassification
+from bertserve.model.tokenizer import BertTokenizer
+from bertserve.model.training.__main__ import main
+from bertserve.model.training.shrink import Basis, collect_states, narrow, stream_basis
 
 WIKI = Path(__file__).resolve().parents[1] / "fixtures" / "wiki"
 

@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from export.bundle import build_bundle
-from model.checkpoint import load_model, save_model
-from model.heads import BertForSequenceClassification
-from model.sources import Provenance, read_soup, write_provenance
-from model.training.__main__ import main
-from model.training.soup import soup
+from bertserve.export.bundle import build_bundle
+from bertserve.model.checkpoint import load_model, save_model
+from bertserve.model.heads import BertForSequenceClassification
+from bertserve.model.sources import Provenance, read_soup, write_provenance
+from bertserve.model.training.__main__ import main
+from bertserve.model.training.soup import soup
 from tests.helpers.checkpoints import write_vocab
 
 START = Provenance("tiny", "tests", "apache-2.0", "0" * 64)

@@ -6,10 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.tokenizer import BertTokenizer
-from model.training.data import tasks as data
-from model.training.metrics import entity_f1, exact_match, normalize_answer, squad_scores, token_f1
-from runtime.encoding import (
+from bertserve.model.tokenizer import BertTokenizer
+from bertserve.model.training.data import tasks as data
+from bertserve.model.training.metrics import (
+    entity_f1,
+    exact_match,
+    normalize_answer,
+    squad_scores,
+    token_f1,
+)
+from bertserve.runtime.encoding import (
     CASE_MIXED,
     CASE_NONE,
     CASE_OR_UNKNOWN,
@@ -19,8 +25,8 @@ from runtime.encoding import (
     case_type,
     case_type_ids,
 )
-from runtime.tasks.ner import piece_is_subword
-from runtime.tasks.qa import decode_spans
+from bertserve.runtime.tasks.ner import piece_is_subword
+from bertserve.runtime.tasks.qa import decode_spans
 from tests.conftest import BERT_VOCAB, shared_data
 
 
@@ -191,7 +197,7 @@ def test_span_decoding_invariants():
 
 
 def test_band_decoding_equals_the_pipelines_full_matrix():
-    from runtime.tasks.qa import _decode_full
+    from bertserve.runtime.tasks.qa import _decode_full
 
     rng = np.random.default_rng(1)
     for _ in range(300):
@@ -233,7 +239,7 @@ def test_entity_f1_exact_spans():
 
 
 def test_case_dropout_blanks_the_case_of_a_share_of_rows():
-    from model.training.finetune import Features, drop_case
+    from bertserve.model.training.finetune import Features, drop_case
 
     rows = [[0, 2, 3, 0]] * 1000
     features = Features([[1, 2, 3, 4]] * 1000, [list(r) for r in rows], {"labels": [0] * 1000})

@@ -2,7 +2,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from model.training.data.wikipedia import is_heading, is_heldout, read_documents, split_sentences
+from bertserve.model.training.data.wikipedia import (
+    is_heading,
+    is_heldout,
+    read_documents,
+    split_sentences,
+)
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "wiki"
 

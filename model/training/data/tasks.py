@@ -12,9 +12,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.tokenizer import BertTokenizer, Encoding
-from runtime.encoding import CASE_UNKNOWN, case_type, case_unknown
-from runtime.tasks.ner import marks_continuations, piece_is_subword
+from bertserve.model.tokenizer import BertTokenizer, Encoding
+from bertserve.runtime.encoding import CASE_UNKNOWN, case_type, case_unknown
+from bertserve.runtime.tasks.ner import marks_continuations, piece_is_subword
 
 IGNORE = -100
 

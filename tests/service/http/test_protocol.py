@@ -1,6 +1,6 @@
-"""The HTTP protocol's own answers (service/protocol.py), over raw sockets so that keep-alive and
-connection closes are visible: refusals made before a request becomes an ASGI task, the
-connection cap, and draining."""
+"""The HTTP protocol's own answers (service/http/protocol.py), over raw sockets so that
+keep-alive and connection closes are visible: refusals made before a request becomes an ASGI
+task, the connection cap, and draining."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from runtime.batching import gather
-from service import server as server_module
-from service.asgi import CONNECTION_LOST, disconnect_watch
-from service.errors import ClientGone, NotReady
-from service.protocol import encode
-from service.server import ACCEPT_BURST, accept_share
+from bertserve.runtime.batching import gather
+from bertserve.service.http.asgi import CONNECTION_LOST, disconnect_watch
+from bertserve.service.http.errors import ClientGone, NotReady
+from bertserve.service.http.protocol import encode
+from bertserve.service.process import server as server_module
+from bertserve.service.process.server import ACCEPT_BURST, accept_share
 from tests.helpers.server import live_server
 from tests.service.test_behaviour import metric, until, wrap
 
@@ -104,7 +104,7 @@ def test_a_refusal_never_reaches_the_app_and_keeps_the_connection(bundle_dir, ca
     client's request id, no access-log line (no task ran), counted in the metrics; the
     connection stays open and serves the next request once there is room."""
     with live_server(bundles=bundle_dir, max_in_flight=1) as live:
-        caplog.set_level(logging.INFO, logger="service.access")
+        caplog.set_level(logging.INFO, logger="bertserve.access")
         with connect(live) as sock:
             with one_request_held(live):
                 sock.sendall(post("/classify", x_request_id="refused-1"))
@@ -162,8 +162,8 @@ def test_the_app_admits_what_it_is_given_without_the_protocol(bundle_dir):
     """Served by another ASGI server, the app has no gate: the protocol is the only entrance
     that refuses. Past the in-flight cap, the app still answers what it is given, and counts
     no slot for it."""
-    from service.app import create_app
-    from service.settings import Settings
+    from bertserve.service.http.app import create_app
+    from bertserve.service.settings import Settings
 
     app = create_app(Settings(bundles=bundle_dir))
     transport = httpx.ASGITransport(app=app)
@@ -285,7 +285,7 @@ def test_probes_and_metrics_pass_every_gate(bundle_dir):
 
 
 def test_encode_writes_a_complete_response():
-    raw = encode(NotReady("busy", {"Retry-After": "1"}), b"abc")
+    raw = encode(NotReady("busy", retry_after_s=1), b"abc")
     head, _, body = raw.partition(b"\r\n\r\n")
     assert head.split(b"\r\n")[0] == b"HTTP/1.1 503 Service Unavailable"
     assert b"retry-after: 1" in head and b"x-request-id: abc" in head
@@ -587,7 +587,7 @@ def test_expect_100_continue_is_answered_before_the_body_is_sent(bundle_dir):
 
 
 def test_the_private_uvicorn_hooks_the_protocol_uses_are_there():
-    """service/protocol.py subclasses uvicorn's private HttpToolsProtocol and
+    """service/http/protocol.py subclasses uvicorn's private HttpToolsProtocol and
     RequestResponseCycle: a uvicorn or httptools release that renames a hook it overrides or an
     attribute it reads breaks it quietly. This names what changed."""
     import inspect
@@ -596,7 +596,7 @@ def test_the_private_uvicorn_hooks_the_protocol_uses_are_there():
     import uvicorn
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-    pinned = "service/protocol.py was written against uvicorn 0.54 and httptools 0.9"
+    pinned = "service/http/protocol.py was written against uvicorn 0.54 and httptools 0.9"
     assert uvicorn.__version__.startswith("0.54."), f"{pinned}; uvicorn {uvicorn.__version__}"
     assert httptools.__version__.startswith("0.9."), f"{pinned}; httptools {httptools.__version__}"
     for method in (
@@ -630,9 +630,9 @@ def test_sigterm_during_start_up_ends_the_process(bundle_dir):
     the service is stopped) has accepted nothing: its drain must end it, not raise. Before,
     the drain reached for listeners start-up had not made yet, failed, and the process served
     on until its supervisor was killed."""
-    from service.app import create_app
-    from service.server import DrainingServer, uvicorn_config
-    from service.settings import Settings
+    from bertserve.service.http.app import create_app
+    from bertserve.service.process.server import DrainingServer, uvicorn_config
+    from bertserve.service.settings import Settings
 
     settings = Settings(bundles=bundle_dir, port=0, intra_op_threads=1)
     app = create_app(settings)

@@ -1,6 +1,7 @@
 """The engine process's wire format: a JSON header and raw arrays, never a pickle.
 
-The workers (service/engine_client.py) and the engine process (service/engine_server.py)
+The workers (service/process/engine_client.py) and the engine process
+(service/process/engine_server.py)
 exchange messages over a Unix socket as
 `multiprocessing.connection` byte messages (`send_bytes`/`recv_bytes`, which frame them with a
 length). One message is:

@@ -11,8 +11,8 @@ servers from its engine core and of TEI's router from its backend, with the batc
 protocol as the seam: a batcher cannot tell a remote engine from a local one.
 
 The socket lives in a directory only this user can open (`tempfile.mkdtemp`: mode 0700). The
-messages are service/wire.py's: a JSON header and the arrays' raw bytes, never a pickle (a batch
-of 32 x 128 int64 ids is 32 kB).
+messages are service/process/wire.py's: a JSON header and the arrays' raw bytes, never a pickle (a
+batch of 32 x 128 int64 ids is 32 kB).
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from runtime.bundle import BundleSpec, bundle_dirs, check_model_file, load_bundle_spec
-from runtime.engine import Engine, warmup_feeds
-from service.logs import configure_logging
-from service.wire import WireError, pack, unpack
+from bertserve.runtime.bundle import BundleSpec, bundle_dirs, check_model_file, load_bundle_spec
+from bertserve.runtime.engine import Engine, warmup_feeds
+from bertserve.service.logs import configure_logging
+from bertserve.service.process.wire import WireError, pack, unpack
 
-log = logging.getLogger("service.engine_server")
+log = logging.getLogger("bertserve.engine_server")
 
 
 @dataclass(frozen=True)
@@ -294,7 +294,7 @@ def _batch(message: bytes) -> dict[str, np.ndarray]:
 def engine_main(values: dict[str, Any], address: str, ready: Any) -> None:
     """The engine process: load every bundle, listen on `address`, set `ready`, and serve the
     workers until SIGTERM, then until the last of them has closed its connection."""
-    from service.settings import Settings  # in the spawned process: nothing imported yet
+    from bertserve.service.settings import Settings  # in the spawned process: nothing imported yet
 
     settings = Settings(**values)
     configure_logging(settings.log_level)

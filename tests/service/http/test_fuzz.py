@@ -11,15 +11,15 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import checks
 
-from service.app import create_app
-from service.settings import Settings
+from bertserve.service.http.app import create_app
+from bertserve.service.settings import Settings
 from tests.helpers.server import live_server
 
 pytestmark = pytest.mark.slow
 # Every check schemathesis has for a stateless run: no 5xx, only documented statuses and content
 # types, bodies that match the schema, 405 with Allow for other methods, every body the schema
 # forbids refused (strict types: no "true" for a boolean), and every body it allows accepted.
-# The last holds because the document served is the deployment's (service.contract): the
+# The last holds because the document served is the deployment's (service.http.contract): the
 # item limits, the mask token, the declared prompts and the vocabulary are written into it.
 CHECKS = [
     checks.not_a_server_error,

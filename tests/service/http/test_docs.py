@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from runtime.tasks import TASKS
+from bertserve.runtime.tasks import TASKS
 from tests.helpers.server import live_server
 
 pytestmark = pytest.mark.slow

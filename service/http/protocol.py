@@ -24,7 +24,7 @@ task (so they cost a few microseconds, not a request's worth of Python):
   Under 5x overload this is what keeps every answer an HTTP answer: the event loop refuses at
   tens of thousands a second instead of a few thousand.
 
-The body's own timeout is the app's (service.app.BodyLimit)."""
+The body's own timeout is the app's (service.http.app.BodyLimit)."""
 
 from __future__ import annotations
 
@@ -42,22 +42,30 @@ import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from service.asgi import ADMITTED, CONNECTION_LOST, SAFE_ID
-from service.auth import authorizations, authorized
-from service.errors import HeadersTooLarge, NotReady, RequestTimeout, ServiceError
+from bertserve.service.http.asgi import ADMITTED, CONNECTION_LOST, SAFE_ID
+from bertserve.service.http.auth import authorizations, authorized
+from bertserve.service.http.errors import (
+    HeadersTooLarge,
+    HttpError,
+    RequestError,
+    RequestTimeout,
+    Unavailable,
+    answer_of,
+)
 
 if TYPE_CHECKING:
-    from service.state import Slot
+    from bertserve.service.state import Slot
 
 
 def response_parts(
-    error: ServiceError, request_id: bytes | None = None
+    error: RequestError, request_id: bytes | None = None
 ) -> tuple[list[tuple[bytes, bytes]], bytes]:
     """A typed error's headers and body, as the app's error response has them."""
-    body = orjson.dumps({"error": error.message, "error_type": error.error_type})
+    answer = answer_of(error)
+    body = orjson.dumps({"error": error.message, "error_type": answer.error_type})
     headers = [(b"content-type", b"application/json")]
     headers += [
-        (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()
+        (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in answer.headers.items()
     ]
     if request_id:
         headers.append((b"x-request-id", request_id))
@@ -65,11 +73,12 @@ def response_parts(
     return headers, body
 
 
-def encode(error: ServiceError, request_id: bytes | None = None) -> bytes:
+def encode(error: RequestError, request_id: bytes | None = None) -> bytes:
     """A typed error as the whole HTTP/1.1 response the app would send for it."""
     headers, body = response_parts(error, request_id)
-    reason = HTTPStatus(error.status).phrase.encode("ascii")
-    lines = [b"HTTP/1.1 %d %s" % (error.status, reason), *(k + b": " + v for k, v in headers)]
+    status = answer_of(error).status
+    reason = HTTPStatus(status).phrase.encode("ascii")
+    lines = [b"HTTP/1.1 %d %s" % (status, reason), *(k + b": " + v for k, v in headers)]
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
@@ -84,7 +93,7 @@ def request_id_of(headers: list[tuple[bytes, bytes]]) -> bytes | None:
 TIMEOUT_RESPONSE = encode(
     RequestTimeout("the request headers did not arrive in time", {"Connection": "close"})
 )
-ANONYMOUS_CROWDED = NotReady(
+ANONYMOUS_CROWDED = Unavailable(
     "too many connections without an API key are open; send one", {"Connection": "close"}
 )
 
@@ -120,8 +129,8 @@ class Connections:
 
 
 # (method, path, connections) -> a refusal, or the admitted request's slot (service.state.Slot)
-Gate = Callable[[str, str, int], "ServiceError | Slot"]
-Refused = Callable[[str, ServiceError], None]  # count it: (path, refusal)
+Gate = Callable[[str, str, int], "RequestError | Slot"]
+Refused = Callable[[str, RequestError], None]  # count it: (path, refusal)
 Opened = Callable[[int], None]  # a connection opened (+1) or closed (-1)
 
 
@@ -163,7 +172,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_timer: asyncio.TimerHandle | None = None
-        self._refusal: ServiceError | None = None
+        self._refusal: RequestError | None = None
         self._refusal_path = ""
         # A refusal waiting out refusal_delay, and whether the connection closes after it.
         self._held: tuple[bytes, bool] | None = None
@@ -269,7 +278,7 @@ class GuardedProtocol(HttpToolsProtocol):
             )
         )
 
-    def _close_framing(self, error: ServiceError) -> None:
+    def _close_framing(self, error: RequestError) -> None:
         """End the connection: with `error` as the answer if none has started (and none for an
         earlier request is still to come: it cannot go first), else as it is."""
         self._framing = None
@@ -284,7 +293,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._release(idle_after=False)  # pipelined behind a held refusal: that goes first
         super().on_message_begin()
         extensions = self.scope.setdefault("extensions", {})
-        extensions[CONNECTION_LOST] = {"future": self._lost}  # service.asgi
+        extensions[CONNECTION_LOST] = {"future": self._lost}  # service.http.asgi
         if self._header_timer is None:
             self._arm()
 
@@ -364,7 +373,7 @@ class GuardedProtocol(HttpToolsProtocol):
                 path = urllib.parse.unquote(path)
             # Last, the gate: an admitted API request's slot, taken once its body is complete.
             decision = self._decide(method, path)
-            if isinstance(decision, ServiceError):
+            if isinstance(decision, RequestError):
                 self._refusal, self._refusal_path = decision, path
                 return
             extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
@@ -373,7 +382,7 @@ class GuardedProtocol(HttpToolsProtocol):
         if type(self.cycle) is RequestResponseCycle:
             self.cycle.__class__ = OneWriteCycle
 
-    def _decide(self, method: str, path: str) -> ServiceError | Slot:
+    def _decide(self, method: str, path: str) -> RequestError | Slot:
         """The gate, once a request: why it is answered at once, or its slot (admitted)."""
         crowded = ANONYMOUS_CROWDED if self.policy.crowded(self) else None
         return crowded or self.gate(method, path, len(self.connections))  # type: ignore[misc]
@@ -386,7 +395,7 @@ class GuardedProtocol(HttpToolsProtocol):
         if self.gate is not None and ADMITTED not in extensions:
             path = cycle.scope["path"]
             decision = self._decide(cycle.scope["method"], path)
-            if isinstance(decision, ServiceError):
+            if isinstance(decision, RequestError):
                 if self.refused is not None:
                     self.refused(path, decision)
                 app = refusal_app(decision)
@@ -416,7 +425,8 @@ class GuardedProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         response = encode(refusal, request_id_of(self.headers))
-        close = refusal.headers.get("Connection") == "close" or not self.parser.should_keep_alive()
+        close = isinstance(refusal, HttpError) and refusal.headers.get("Connection") == "close"
+        close = close or not self.parser.should_keep_alive()
         # Held for refusal_delay also when the connection closes after it: a client that sends
         # `Connection: close` must not get its refusals faster than one that keeps it open.
         self._held = (response, close)
@@ -444,12 +454,13 @@ class GuardedProtocol(HttpToolsProtocol):
             )
 
 
-def refusal_app(refusal: ServiceError) -> Callable[..., Any]:
+def refusal_app(refusal: RequestError) -> Callable[..., Any]:
     """An ASGI app that answers the gate's refusal as `encode` writes it."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Callable[..., Any]) -> None:
         headers, body = response_parts(refusal, request_id_of(scope["headers"]))
-        await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
+        status = answer_of(refusal).status
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
     return app

@@ -15,16 +15,16 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field
 
-from runtime import schemas
-from runtime.tasks import TASKS, Task, embed
-from runtime.tasks.common import TaskContext
-from service.admission import ROOT
-from service.asgi import disconnect_watch
-from service.errors import InvalidInput, NotFound, NotReady, TooLarge
-from service.handler import handle
-from service.models import Model
-from service.settings import Settings
-from service.state import ServiceState
+from bertserve.runtime import schemas
+from bertserve.runtime.tasks import TASKS, Task, embed
+from bertserve.runtime.tasks.common import TaskContext
+from bertserve.service.admission import ROOT
+from bertserve.service.handler import handle
+from bertserve.service.http.asgi import disconnect_watch
+from bertserve.service.http.errors import InvalidInput, NotFound, NotReady, TooLarge
+from bertserve.service.models import Model
+from bertserve.service.settings import Settings
+from bertserve.service.state import ServiceState
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": schemas.ErrorBody, "description": text}

@@ -1,6 +1,6 @@
 """A worker's side of the engine process (`BERTSERVE_ENGINE_PROCESS`; its side is
-service/engine_server.py): `RemoteBackend`, the batcher's `Backend` for a model that runs
-there, over a Unix socket and service/wire.py's messages."""
+service/process/engine_server.py): `RemoteBackend`, the batcher's `Backend` for a model that runs
+there, over a Unix socket and service/process/wire.py's messages."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from multiprocessing.connection import Client, Connection
 
 import numpy as np
 
-from runtime.bundle import BundleSpec
-from service.errors import BackendError
-from service.wire import WireError, pack, unpack
+from bertserve.runtime.bundle import BundleSpec
+from bertserve.service.http.errors import BackendError
+from bertserve.service.process.wire import WireError, pack, unpack
 
-log = logging.getLogger("service.engine_client")
+log = logging.getLogger("bertserve.engine_client")
 CONNECT_WAIT_S = 30.0  # a worker waits this long for a (re)starting engine before failing a batch
 
 

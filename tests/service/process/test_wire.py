@@ -1,4 +1,4 @@
-"""The engine process's wire format (service.wire): arrays round-trip exactly and without a copy,
+"""The engine process's wire format (service.process.wire): arrays round-trip exactly, no copy,
 and a message out of format is refused with a reason, never loaded."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import struct
 import numpy as np
 import pytest
 
-from service.wire import WireError, pack, unpack
+from bertserve.service.process.wire import WireError, pack, unpack
 
 
 def test_arrays_and_fields_round_trip_exactly_as_read_only_views():

@@ -18,17 +18,17 @@ from types import FrameType
 
 import uvicorn
 
-from service.logs import configure_logging
-from service.memory import rss_mb
-from service.protocol import Connections, guarded_protocol
-from service.settings import Settings
+from bertserve.service.http.protocol import Connections, guarded_protocol
+from bertserve.service.logs import configure_logging
+from bertserve.service.process.memory import rss_mb
+from bertserve.service.settings import Settings
 
 
 def ready_facts(state, host: str, port: int) -> dict:
     """What a person needs once the service is ready: where it is, what it serves, on what."""
     shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     url = f"http://{shown}:{port}"
-    from runtime.tasks import TASKS
+    from bertserve.runtime.tasks import TASKS
 
     serving = state.serving()
     served = [t for t in TASKS.values() if t.capability in serving]
@@ -121,7 +121,7 @@ class DrainingServer(uvicorn.Server):
     ) -> None:
         super().__init__(config)
         self.state, self.drain_timeout = state, drain_timeout
-        self.slot, self.shared = slot, shared  # service.supervisor.Shared, with the others
+        self.slot, self.shared = slot, shared  # service.process.supervisor.Shared, with the others
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._listeners: list[socket.socket] = []
@@ -233,7 +233,7 @@ class DrainingServer(uvicorn.Server):
     async def _publish_readiness(self) -> None:
         """This worker's own readiness, in its slot: every worker's /health/ready reads all.
         And once a second its resident memory: past max_worker_rss_mb it asks the supervisor
-        for a successor (service.supervisor.Supervisor.recycle)."""
+        for a successor (service.process.supervisor.Supervisor.recycle)."""
         assert self.shared is not None and self.slot is not None
         ceiling = self.state.settings.max_worker_rss_mb
         for tick in itertools.count():
@@ -242,7 +242,7 @@ class DrainingServer(uvicorn.Server):
             if ceiling and tick % 20 == 0 and not self.shared.recycle[self.slot]:
                 resident = rss_mb()
                 if resident > ceiling:
-                    logging.getLogger("service").warning(
+                    logging.getLogger("bertserve").warning(
                         "%.0f MB resident, over max_worker_rss_mb %d: asking for a successor",
                         resident,
                         ceiling,
@@ -258,7 +258,7 @@ class DrainingServer(uvicorn.Server):
         if self._loop is None or self.state.retiring or self.state.draining:
             return
         self.state.retiring = True
-        logging.getLogger("service").info("retiring: a successor serves in this one's place")
+        logging.getLogger("bertserve").info("retiring: a successor serves in this one's place")
         loop = self._loop
         loop.call_soon_threadsafe(lambda: loop.create_task(self._retire()))
 
@@ -272,7 +272,9 @@ class DrainingServer(uvicorn.Server):
         deadline = time.monotonic() + self.drain_timeout
         while time.monotonic() < deadline:
             for connection in list(self.server_state.connections):
-                quiet = getattr(connection, "quiet_for", None)  # service.protocol's connections
+                quiet = getattr(
+                    connection, "quiet_for", None
+                )  # service.http.protocol's connections
                 if quiet is None or quiet() > RETIRE_QUIET_S:
                     connection.shutdown()  # one with a request waiting in its socket reads it
             if not self.server_state.connections and self.state.unanswered == 0:
@@ -290,7 +292,7 @@ class DrainingServer(uvicorn.Server):
         if sys.stdout.isatty():
             print(ready_text(facts), flush=True)  # noqa: T201
         else:
-            logging.getLogger("service").info("ready", extra={"fields": facts})
+            logging.getLogger("bertserve").info("ready", extra={"fields": facts})
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.state.draining and sig == signal.SIGTERM and self.shared is not None:
@@ -302,7 +304,7 @@ class DrainingServer(uvicorn.Server):
         if self.state.draining or self._loop is None:
             return super().handle_exit(sig, frame)
         self.state.draining = True
-        logging.getLogger("service").info(
+        logging.getLogger("bertserve").info(
             "signal %d: draining %d in-flight requests", sig, self.state.in_flight
         )
         loop = self._loop
@@ -321,7 +323,7 @@ class DrainingServer(uvicorn.Server):
         while self.state.unanswered > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         taken = await self._take_backlog(deadline)
-        logging.getLogger("service").info(
+        logging.getLogger("bertserve").info(
             "drained: %d in flight left, %d connections taken from the accept queue and refused",
             self.state.in_flight,
             taken,
@@ -357,7 +359,7 @@ def warn_if_exposed(settings: Settings) -> None:
     """Loud, not fatal: inside a container the process always listens on 0.0.0.0, and whether
     that is exposed is the port mapping's or the NetworkPolicy's call (docs/security.md)."""
     if settings.host not in LOOPBACK and not settings.keys():
-        logging.getLogger("service").warning(
+        logging.getLogger("bertserve").warning(
             "listening on %s without an API key: anyone who can reach port %d can use the "
             "models; set BERTSERVE_API_KEYS, or keep the port private (docs/security.md)",
             settings.host,
@@ -375,7 +377,7 @@ def raise_open_files(connections: int) -> None:
     target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
     resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     if target < wanted:
-        logging.getLogger("service").warning(
+        logging.getLogger("bertserve").warning(
             "open-file limit %d (hard) is below BERTSERVE_MAX_CONNECTIONS %d + 256: past it new "
             "connections wait in the kernel's accept queue instead of getting a 503",
             hard,
@@ -386,7 +388,7 @@ def raise_open_files(connections: int) -> None:
 def uvicorn_config(app, settings: Settings) -> uvicorn.Config:
     """How the app is served: httptools with the guarded protocol (header timeout, refusals
     before a task exists), uvloop where installed, no uvicorn access log (the app logs)."""
-    from service.app import count_refusal
+    from bertserve.service.http.app import count_refusal
 
     state = app.state.service
     return uvicorn.Config(
@@ -423,20 +425,22 @@ def run_worker(
     slot: int | None = None,
     shared=None,
     warm_first: bool = False,
+    engine_address: str = "",
 ) -> int:
     """Serve until SIGTERM has drained (or SIGUSR1 retired it): alone (binding the port
     itself), or as worker `slot` of the supervisor's, on its shared listening socket, with
-    every worker's readiness in `shared` (service.supervisor.Shared). `warm_first`: accept no
-    connection until every model is warm (other workers serve meanwhile). Returns the exit
-    status."""
-    from runtime.batching import Activity
-    from service.app import create_app
+    every worker's readiness in `shared` (service.process.supervisor.Shared). `warm_first`: accept
+    no connection until every model is warm (other workers serve meanwhile). `engine_address`:
+    the engine process's socket, where one runs the models. Returns the exit status."""
+    from bertserve.runtime.batching import Activity
+    from bertserve.service.http.app import create_app
 
     configure_logging(settings.log_level)
     if slot is None:
         warn_if_exposed(settings)
     app = create_app(settings)
     state = app.state.service
+    state.engine_address = engine_address
     if shared is not None and slot is not None:
         state.worker = slot
         state.peers_ready = shared.all_ready
@@ -448,9 +452,9 @@ def run_worker(
     if shared is not None:
         signal.signal(signal.SIGUSR1, lambda sig, frame: server.retire())
     elif settings.max_worker_rss_mb:
-        logging.getLogger("service").warning(
+        logging.getLogger("bertserve").warning(
             "max_worker_rss_mb is set, but this process has no supervisor to replace it "
-            "(python -m service starts one whenever max_worker_rss_mb is set)"
+            "(bertserve serve starts one whenever max_worker_rss_mb is set)"
         )
     server.run(sockets=sockets)
     return 0 if server.started else 1

@@ -1,4 +1,4 @@
-"""`python -m service` as a real process: start-up errors, and SIGTERM under load."""
+"""`bertserve serve` as a real process: start-up errors, and SIGTERM under load."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def start(bundles, port, new_session=False, **env):
         **{f"BERTSERVE_{k.upper()}": str(v) for k, v in env.items()},
     }
     return subprocess.Popen(
-        [sys.executable, "-m", "service", "--bundles", str(bundles), "--port", str(port)],
+        [sys.executable, "-m", "bertserve.service", "--bundles", str(bundles), "--port", str(port)],
         env=environment,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -115,7 +115,7 @@ def test_startup_errors_are_one_line(bundle_dir, tmp_path):
     def run(*args, **env):
         environment = {**os.environ, **{f"BERTSERVE_{k.upper()}": str(v) for k, v in env.items()}}
         done = subprocess.run(
-            [sys.executable, "-m", "service", *args],
+            [sys.executable, "-m", "bertserve.service", *args],
             env=environment,
             capture_output=True,
             text=True,
@@ -301,7 +301,15 @@ def recycling_service(bundle_dir, tmp_path):
     port = free_port()
     log = (tmp_path / "log").open("w+")
     process = subprocess.Popen(
-        [sys.executable, "-m", "service", "--bundles", str(bundle_dir), "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "bertserve.service",
+            "--bundles",
+            str(bundle_dir),
+            "--port",
+            str(port),
+        ],
         env={**os.environ, "BERTSERVE_WORKERS": "2", "BERTSERVE_MAX_WORKER_RSS_MB": "1"},
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -12,7 +12,7 @@ from starlette.types import Message, Receive, Scope
 SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
-# The scope extension through which bertserve's protocol (service.protocol) hands a request a
+# The scope extension through which bertserve's protocol (service.http.protocol) hands a request a
 # future that completes when its connection is lost: a request waiting for the model awaits it
 # with a callback, where watching `receive` for "http.disconnect" takes a task a request.
 CONNECTION_LOST = "bertserve.connection_lost"

@@ -213,10 +213,10 @@ def test_qa_merge_is_linear_in_windows_times_candidates(bundle_dir):
     old merge compared pair by pair (tens of seconds) and a dict merges in well under one."""
     import numpy as np
 
-    from runtime.batching import RowResult
-    from runtime.bundle import load_bundle_spec
-    from runtime.tasks import qa
-    from runtime.tasks.common import TaskContext
+    from bertserve.runtime.batching import RowResult
+    from bertserve.runtime.bundle import load_bundle_spec
+    from bertserve.runtime.tasks import qa
+    from bertserve.runtime.tasks.common import TaskContext
 
     bundle = bundle_dir / "squad"
     ctx = TaskContext.load(bundle, load_bundle_spec(bundle), 100_000, 64)
@@ -268,8 +268,8 @@ def test_parameter_lists_have_a_stated_maximum(server, path, parameters, field):
 def test_a_deadline_stops_post_processing():
     """The request timeout reaches into the tasks' loops: a check that has passed stops the
     next window, where the old code ran on and logged a 200."""
-    from runtime.tasks.common import checkpoint, deadline_check, unwatch, watch
-    from service.errors import ClientGone, DeadlineExceeded
+    from bertserve.runtime.tasks.common import checkpoint, deadline_check, unwatch, watch
+    from bertserve.service.http.errors import ClientGone, DeadlineExceeded
 
     token = watch(deadline_check(time.monotonic() - 1, lambda: False))
     try:
@@ -291,7 +291,7 @@ def test_a_client_that_leaves_is_logged_499_not_200(bundle_dir, caplog):
     log recorded a 200. Now the work stops at the next step and the access log says 499."""
     import logging
 
-    from runtime.tasks import TASKS
+    from bertserve.runtime.tasks import TASKS
 
     ner = TASKS["/ner"]
     original = ner.finish
@@ -303,7 +303,7 @@ def test_a_client_that_leaves_is_logged_499_not_200(bundle_dir, caplog):
     with live_server(bundles=bundle_dir, inline_cost=0) as live:
         ner.finish = slow_finish  # type: ignore[method-assign]
         try:
-            with caplog.at_level(logging.INFO, logger="service.access"):
+            with caplog.at_level(logging.INFO, logger="bertserve.access"):
                 with (
                     pytest.raises(httpx.ReadTimeout),
                     httpx.Client(base_url=live.url, timeout=0.2) as c,

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from runtime.batching import LoneCost
+from bertserve.runtime.batching import LoneCost
 from tests.helpers.server import host_port, live_server, probe_live_while, rss_mb
 
 pytestmark = pytest.mark.slow
@@ -294,7 +294,7 @@ def test_scrapes_cannot_move_liveness(bundle_dir):
 def test_a_body_that_completes_when_every_slot_is_taken_is_refused(server):
     """The cap holds: a request admitted at its headers whose body completes when every
     in-flight slot is taken gets 503 with Retry-After, and runs nothing."""
-    from service.state import Slot
+    from bertserve.service.state import Slot
 
     host, port = host_port(server)
     body = json.dumps({"inputs": "fine"}).encode()

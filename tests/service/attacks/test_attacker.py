@@ -208,10 +208,10 @@ def test_metrics_name_no_file_paths(server):
     ],
 )
 def test_unsafe_or_tampered_bundles_are_refused_at_start(bundle_dir, tmp_path, change, message):
-    from runtime.bundle import BundleError
-    from service.metrics import Metrics
-    from service.settings import Settings
-    from service.state import ServiceState
+    from bertserve.runtime.bundle import BundleError
+    from bertserve.service.metrics import Metrics
+    from bertserve.service.settings import Settings
+    from bertserve.service.state import ServiceState
 
     root = tmp_path / "bundles"
     shutil.copytree(bundle_dir / "sentiment", root / "sentiment")
@@ -225,7 +225,7 @@ def test_unsafe_or_tampered_bundles_are_refused_at_start(bundle_dir, tmp_path, c
 
 
 def test_a_model_file_symlinked_out_of_its_bundle_is_refused(bundle_dir, tmp_path):
-    from runtime.bundle import BundleError, load_bundle_spec
+    from bertserve.runtime.bundle import BundleError, load_bundle_spec
 
     bundle = tmp_path / "b"
     shutil.copytree(bundle_dir / "sentiment", bundle)

@@ -23,9 +23,9 @@ each with its own ONNX Runtime sessions and a share of the cores. It:
   and close it as they finish) and waits for every worker to drain.
 
 With `engine_process` (the GPU topology) it first starts one engine process that runs every
-model for all workers (service.engine_server), gives the workers its socket, counts its readiness as
-one more slot (no worker is ready while it is not), replaces it if it dies, and stops it after
-the workers have drained.
+model for all workers (service.process.engine_server), gives the workers its socket, counts
+its readiness as one more slot (no worker is ready while it is not), replaces it if it dies,
+and stops it after the workers have drained.
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from service.logs import configure_logging
-from service.server import warn_if_exposed
-from service.settings import Settings
+from bertserve.service.logs import configure_logging
+from bertserve.service.process.server import warn_if_exposed
+from bertserve.service.settings import Settings
 
-log = logging.getLogger("service.supervisor")
+log = logging.getLogger("bertserve.supervisor")
 SPAWN = multiprocessing.get_context("spawn")  # no fork: the parent holds no models or threads
 # Back-off before a worker that died starting is started again: doubling from the first, at
 # most the last (the out-of-memory killer that took it may take the next one too).
@@ -73,27 +73,34 @@ def stop_with_the_supervisor() -> None:
 
 
 def engine_process_main(values: dict[str, Any], address: str, ready: Any) -> None:
-    from service.engine_server import engine_main
+    from bertserve.service.process.engine_server import engine_main
 
     stop_with_the_supervisor()
     engine_main(values, address, ready)
 
 
 def worker_main(
-    values: dict[str, Any], sock: socket.socket, slot: int, shared: Shared, warm_first: bool
+    values: dict[str, Any],
+    sock: socket.socket,
+    slot: int,
+    shared: Shared,
+    warm_first: bool,
+    engine_address: str,
 ) -> None:
-    from service.server import run_worker
+    from bertserve.service.process.server import run_worker
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which drains
     stop_with_the_supervisor()
-    raise SystemExit(run_worker(Settings(**values), [sock], slot, shared, warm_first))
+    raise SystemExit(
+        run_worker(Settings(**values), [sock], slot, shared, warm_first, engine_address)
+    )
 
 
 @dataclass
 class Shared:
     """What the supervisor and its workers share, a slot a worker (one of them spare): each
     one's readiness (then the engine process's), open connections (each accepts its share of
-    new ones: service.server.ACCEPT_BURST), whether readiness counts it, and its call for a
+    new ones: service.process.server.ACCEPT_BURST), whether readiness counts it, and its call for a
     successor (over max_worker_rss_mb), and its requests in flight (a lone request's call takes
     every core only when no other is in flight: runtime.batching.Activity)."""
 
@@ -173,7 +180,6 @@ class Supervisor:
             k: (v.get_secret_value() if hasattr(v, "get_secret_value") else v)
             for k, v in values.items()
         }
-        values["engine_address"] = self.engine_address
         return values
 
     def start_engine(self, directory: str) -> None:
@@ -233,7 +239,7 @@ class Supervisor:
         )
         process = SPAWN.Process(
             target=worker_main,
-            args=(values, sock, slot, self.shared, warm_first),
+            args=(values, sock, slot, self.shared, warm_first, self.engine_address),
             name=f"bertserve-{slot}",
         )
         process.start()

@@ -1,13 +1,13 @@
 """API keys: one check, made by the outermost middleware before a body is read, for every path
 but the probes and /metrics (docs/security.md says why those stay open; BERTSERVE_METRICS_TOKEN
 puts /metrics behind a token of its own). The HTTP protocol uses `authorized` too, to tell
-keyed connections from anonymous ones (service.protocol)."""
+keyed connections from anonymous ones (service.http.protocol)."""
 
 from __future__ import annotations
 
 import hmac
 
-from service.errors import Unauthorized
+from bertserve.service.http.errors import Unauthorized
 
 PUBLIC_PATHS = frozenset({"/health/live", "/health/ready", "/metrics"})
 MIN_KEY_LENGTH = 16

@@ -17,30 +17,31 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from runtime.tasks import TASKS
-from service.asgi import ADMITTED, SAFE_ID, replaying
-from service.auth import PUBLIC_PATHS, authorizations, check_key
-from service.contract import bind
-from service.docs import mount_docs
-from service.errors import (
+from bertserve.runtime.tasks import TASKS
+from bertserve.service.http.asgi import ADMITTED, SAFE_ID, replaying
+from bertserve.service.http.auth import PUBLIC_PATHS, authorizations, check_key
+from bertserve.service.http.contract import bind
+from bertserve.service.http.docs import mount_docs
+from bertserve.service.http.errors import (
     HttpError,
     InvalidInput,
     MethodNotAllowed,
     NotFound,
-    ServiceError,
+    RequestError,
     Unauthorized,
+    answer_of,
     error_response,
     internal_error_response,
     service_error_response,
     validation_error_response,
 )
-from service.fastpath import FastPath
-from service.metrics import Metrics
-from service.routes import api, ops, root_route
-from service.settings import Settings
-from service.state import ServiceState
+from bertserve.service.http.fastpath import FastPath
+from bertserve.service.http.routes import api, ops, root_route
+from bertserve.service.metrics import Metrics
+from bertserve.service.settings import Settings
+from bertserve.service.state import ServiceState
 
-log = logging.getLogger("service.access")
+log = logging.getLogger("bertserve.access")
 ENDPOINTS = {
     *TASKS,
     *("/", "/tokenize", "/decode", "/v1/models"),
@@ -147,7 +148,7 @@ class RequestContext:
 
         metrics = self.state.metrics
         app = self.app
-        # The gate (service.admission) is the protocol's (service.protocol): what reaches the
+        # The gate (service.admission) is the protocol's (service.http.protocol): what reaches the
         # app was admitted there, with its Slot (service.state), which holds an in-flight slot
         # from its complete body until it is answered. The probes and /metrics answer from
         # memory and hold no slot: no number of them can crowd out keyed work. Then the API
@@ -186,11 +187,12 @@ class RequestContext:
             log.info("%s %s %d", scope["method"], endpoint, status, extra={"fields": fields})
 
 
-def count_refusal(state: ServiceState, path: str, error: ServiceError) -> None:
-    """A request the protocol refused (service.protocol): counted as the middleware counts
+def count_refusal(state: ServiceState, path: str, error: RequestError) -> None:
+    """A request the protocol refused (service.http.protocol): counted as the middleware counts
     its answers; not logged line by line (at 5x overload that is tens of thousands a second)."""
-    state.metrics.errors.labels(error.error_type).inc()
-    state.metrics.request_done(path if path in ENDPOINTS else "other", error.status, None)
+    answer = answer_of(error)
+    state.metrics.errors.labels(answer.error_type).inc()
+    state.metrics.request_done(path if path in ENDPOINTS else "other", answer.status, None)
 
 
 class ServiceApp(FastAPI):
@@ -209,7 +211,7 @@ class ServiceApp(FastAPI):
         await self.front(scope, receive, send)
 
     def openapi(self) -> dict[str, Any]:
-        """FastAPI's document with this deployment's limits written in (service.contract),
+        """FastAPI's document with this deployment's limits written in (service.http.contract),
         kept once the models are loaded; before that, the static document, not kept."""
         if self.openapi_schema is not None:
             return self.openapi_schema
@@ -249,8 +251,8 @@ def create_app(settings: Settings) -> ServiceApp:
     app.include_router(ops)
     mount_docs(app)
 
-    @app.exception_handler(ServiceError)
-    async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
+    @app.exception_handler(RequestError)
+    async def service_error(_: Request, exc: RequestError) -> JSONResponse:
         return service_error_response(exc, state.metrics)
 
     @app.exception_handler(RequestValidationError)
@@ -261,10 +263,14 @@ def create_app(settings: Settings) -> ServiceApp:
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
         # Starlette's own errors (malformed body, unknown path, wrong method) as typed errors,
         # so they are answered and counted as the service's are.
-        kind = {400: InvalidInput, 404: NotFound, 405: MethodNotAllowed}.get(exc.status_code)
-        error = (kind or HttpError)(str(exc.detail), getattr(exc, "headers", None))
-        if kind is None:
-            error.status = exc.status_code
+        error: RequestError
+        if exc.status_code == 400:
+            error = InvalidInput(str(exc.detail))
+        else:
+            kind = {404: NotFound, 405: MethodNotAllowed}.get(exc.status_code, HttpError)
+            error = kind(str(exc.detail), getattr(exc, "headers", None))
+            if kind is HttpError:
+                error.status = exc.status_code
         return service_error_response(error, state.metrics)
 
     @app.exception_handler(Exception)

@@ -16,12 +16,12 @@ from pathlib import Path
 import onnxruntime
 import pytest
 
-from runtime.bundle import load_bundle_spec
-from runtime.engine import Engine, EngineError, EngineOptions
+from bertserve.runtime.bundle import load_bundle_spec
+from bertserve.runtime.engine import Engine, EngineError, EngineOptions
 from tests.helpers.server import live_server
 from tests.service.test_behaviour import wrap
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -64,7 +64,7 @@ def test_require_gpu_fails_in_one_line_that_says_why(bundle_dir, cuda_offered):
 
 def test_require_gpu_without_a_cuda_build_is_a_one_line_start_up_error(bundle_dir):
     done = subprocess.run(
-        [sys.executable, "-m", "service", "--bundles", str(bundle_dir)],
+        [sys.executable, "-m", "bertserve.service", "--bundles", str(bundle_dir)],
         env={"BERTSERVE_REQUIRE_GPU": "true", "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
@@ -101,7 +101,7 @@ def test_repeated_model_failures_fail_liveness_and_readiness(bundle_dir):
 
 
 def test_fp16_bundle_on_cpu_is_warned_about(checkpoints, tmp_path, caplog):
-    from export.bundle import build_bundle
+    from bertserve.export.bundle import build_bundle
 
     build_bundle(
         checkpoints["BertForSequenceClassification"],
@@ -148,7 +148,7 @@ def test_gpu_pin_matches_the_cuda_image():
 def test_the_cuda_settings_reach_the_provider_options(tmp_path, monkeypatch):
     """BERTSERVE_DEVICE_ID and the other CUDA settings are what the CUDA provider is given (they
     were documented but dropped on the way)."""
-    from service.settings import Settings
+    from bertserve.service.settings import Settings
 
     for name, value in {
         "DEVICE_ID": "3",
@@ -174,7 +174,7 @@ def test_the_cuda_settings_reach_the_provider_options(tmp_path, monkeypatch):
 
 def test_the_cores_are_the_containers_not_the_hosts(tmp_path, monkeypatch):
     """A container's CPU quota caps the default worker count (os.cpu_count() is the host's)."""
-    from service.settings import Settings, available_cores
+    from bertserve.service.settings import Settings, available_cores
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(64)))
     (tmp_path / "cpu.max").write_text("200000 100000\n")  # cgroup v2: 2 CPUs
@@ -193,7 +193,7 @@ def test_the_cores_are_the_containers_not_the_hosts(tmp_path, monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2})  # taskset / cpuset
     assert available_cores(tmp_path) == 3
 
-    monkeypatch.setattr("service.settings.available_cores", lambda cgroup=None: 4)
+    monkeypatch.setattr("bertserve.service.settings.available_cores", lambda cgroup=None: 4)
     settings = Settings(bundles=tmp_path)
     assert (settings.worker_count, settings.threads) == (4, 1)
     assert settings.engine_options(device=True).threads == 4

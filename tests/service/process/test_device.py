@@ -1,4 +1,4 @@
-"""The engine process (service/engine_server.py, service/engine_client.py): the workers'
+"""The engine process (service/process/engine_server.py, engine_client.py): the workers'
 batches merged into one call with the same
 answers, a runner that takes what queued behind a busy call, the handshake, and the topology as
 a real process: parity with the default one, a killed engine replaced, SIGTERM."""
@@ -20,17 +20,23 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from runtime.batching import Row, pad_rows
-from runtime.bundle import load_bundle_spec
-from runtime.engine import Engine, EngineOptions
-from service.engine_client import RemoteBackend
-from service.engine_server import EngineServer, ModelRunner, _Job, merge_feeds, split_outputs
-from service.errors import BackendError
-from service.settings import Settings
-from service.wire import pack, unpack
+from bertserve.runtime.batching import Row, pad_rows
+from bertserve.runtime.bundle import load_bundle_spec
+from bertserve.runtime.engine import Engine, EngineOptions
+from bertserve.service.http.errors import BackendError
+from bertserve.service.process.engine_client import RemoteBackend
+from bertserve.service.process.engine_server import (
+    EngineServer,
+    ModelRunner,
+    _Job,
+    merge_feeds,
+    split_outputs,
+)
+from bertserve.service.process.wire import pack, unpack
+from bertserve.service.settings import Settings
 from tests.deploy.test_deploy import metric_names_used
 from tests.helpers.server import free_port
-from tests.service.test_process import start, unloadable_bundles, wait_ready, worker_pids
+from tests.service.process.test_process import start, unloadable_bundles, wait_ready, worker_pids
 
 
 def rows(spec, lengths, seed):
@@ -204,7 +210,7 @@ class Payload:
 )
 def test_a_message_out_of_format_is_hung_up_on_not_loaded(engine_server, messages):
     """No pickle is loaded (design.md): a connection that sends one, or anything else out of
-    service/wire.py's format, is closed, and the engine serves the next worker."""
+    service/process/wire.py's format, is closed, and the engine serves the next worker."""
     server, address = engine_server
     spec = server.runners["sentiment"].spec
     greeting = pack("hello", model="sentiment", sha256=spec.model_sha256)
@@ -371,10 +377,10 @@ def test_the_warm_up_probe_allows_empty_slots_only_where_they_run_alike(
 ):
     import shutil
 
-    from service.metrics import Metrics
-    from service.state import ServiceState
+    from bertserve.service.metrics import Metrics
+    from bertserve.service.state import ServiceState
 
-    caplog.set_level(logging.INFO, logger="service.warmup")  # whatever the root's level
+    caplog.set_level(logging.INFO, logger="bertserve.warmup")  # whatever the root's level
     shutil.copytree(bundle_dir / "pretrained", tmp_path / "pretrained")
     state = ServiceState(Settings(bundles=tmp_path, intra_op_threads=1), Metrics())
     state.load()

@@ -19,17 +19,17 @@ from pydantic import ValidationError
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from runtime.tasks import TASKS
-from service.admission import ROOT, root_task
-from service.asgi import disconnect_watch, replaying
-from service.errors import (
-    ServiceError,
+from bertserve.runtime.tasks import TASKS
+from bertserve.service.admission import ROOT, root_task
+from bertserve.service.handler import handle
+from bertserve.service.http.asgi import disconnect_watch, replaying
+from bertserve.service.http.errors import (
+    RequestError,
     internal_error_response,
     service_error_response,
     validation_error_response,
 )
-from service.handler import handle
-from service.state import ServiceState
+from bertserve.service.state import ServiceState
 
 JSON_TYPES = (b"application/json", b"application/json; charset=utf-8")
 
@@ -72,7 +72,7 @@ class FastPath:
             response = Response(answer, media_type="application/json")
         except ValidationError as exc:
             response = validation_error_response(exc.errors(), self.state.metrics)
-        except ServiceError as exc:
+        except RequestError as exc:
             response = service_error_response(exc, self.state.metrics)
         except Exception:
             response = internal_error_response(self.state.metrics)

@@ -15,7 +15,7 @@ import pytest
 from tests.helpers.server import live_server
 
 pytestmark = pytest.mark.slow
-SHIPPED = Path(__file__).resolve().parents[2] / "bundles" / "minilm-embed"
+SHIPPED = Path(__file__).resolve().parents[3] / "bundles" / "minilm-embed"
 TEXTS = ["A man is eating food.", "Paris is the capital of France.", "Short."]
 PROMPTS = {"query": "query: ", "passage": "passage: "}
 
