@@ -1,4 +1,4 @@
-"""`python -m service --bundles DIR [--host H] [--port P]`: serve the bundles in DIR.
+"""`bertserve serve --bundles DIR [--host H] [--port P]`: serve the bundles in DIR.
 
 Every setting is also an environment variable with the `BERTSERVE_` prefix (flags win). On
 SIGTERM (or Ctrl-C) the service stops admitting work (503, readiness false), finishes every
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -20,33 +19,29 @@ EXAMPLES = """examples:
 """
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m bertserve.service") -> int:
     parser = argparse.ArgumentParser(
         prog=prog,
+        usage="%(prog)s [--bundles DIR] [--host H] [--port P] [--workers N] [setting ...]",
         description=__doc__,
         epilog=EXAMPLES.format(prog=prog),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--bundles", type=Path, help="bundle directory (BERTSERVE_BUNDLES)")
-    parser.add_argument("--host", help="listen address (BERTSERVE_HOST, default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port (BERTSERVE_PORT, default 8000; 0: any free)")
-    parser.add_argument(
-        "--workers",
-        type=int,
-        help="serving processes on the port (BERTSERVE_WORKERS; 0: a core each)",
-    )
+    from bertserve.service.settings import add_arguments
+
+    add_arguments(parser)
     args = parser.parse_args(argv)
 
-    from service.settings import Settings
+    from bertserve.service.settings import Settings
 
     try:
-        settings = Settings(**{k: v for k, v in vars(args).items() if v is not None})
+        settings = Settings(**vars(args))
     except ValidationError as exc:
         for error in exc.errors():
             name = "BERTSERVE_" + "_".join(str(p) for p in error["loc"]).upper()
             print(f"error: {name}: {error['msg']}", file=sys.stderr)  # noqa: T201
         return 2
-    from runtime.bundle import (
+    from bertserve.runtime.bundle import (
         BUNDLE_FILE,
         BundleError,
         bundle_dirs,
@@ -81,10 +76,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m service") -> int:
         and not settings.engine_process
         and not settings.max_worker_rss_mb
     ):
-        from service.server import run_worker
+        from bertserve.service.process.server import run_worker
 
         return run_worker(settings)
-    from service.supervisor import Supervisor
+    from bertserve.service.process.supervisor import Supervisor
 
     return Supervisor(settings).run()
 

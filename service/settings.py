@@ -3,15 +3,18 @@ once at start-up with messages that name the variable."""
 
 from __future__ import annotations
 
+import argparse
+import functools
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from runtime.engine import EngineOptions
-from service.auth import MIN_KEY_LENGTH
+from bertserve.runtime.engine import EngineOptions
+from bertserve.runtime.tasks.common import RequestLimits
+from bertserve.service.http.auth import MIN_KEY_LENGTH
 
 KNOWN_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 CGROUP = Path("/sys/fs/cgroup")
@@ -39,29 +42,138 @@ def available_cores(cgroup: Path = CGROUP) -> int:
     return max(1, cores or 1)
 
 
+# The settings by concern, in the order `bertserve serve --help` and docs/api.md list them
+# (tests/service/test_settings.py: every field in exactly one group).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "models and engine": (
+        "bundles",
+        "warmup",
+        "providers",
+        "require_gpu",
+        "device_id",
+        "gpu_mem_limit",
+        "arena_extend_strategy",
+        "cpu_arena",
+        "cudnn_conv_algo_search",
+        "use_tf32",
+        "intra_op_threads",
+        "intra_op_spinning",
+        "intra_op_spin_stop",
+        "lone_threads",
+        "failed_batches_fatal",
+    ),
+    "batching and admission": (
+        "max_batch_rows",
+        "max_batch_tokens",
+        "max_wait_ms",
+        "split_batches",
+        "max_queue_rows",
+        "max_bulk_queue_rows",
+        "max_queue_wait_ms",
+        "max_queue_time_ms",
+        "request_timeout_s",
+        "max_in_flight",
+        "max_receiving",
+        "refusal_delay_ms",
+        "inline_cost",
+    ),
+    "limits of a request": (
+        "max_client_batch",
+        "max_request_rows",
+        "max_rerank_documents",
+        "max_body_bytes",
+        "max_response_bytes",
+        "max_fill_mask_candidates",
+        "max_text_chars",
+    ),
+    "HTTP and security": (
+        "host",
+        "port",
+        "root_task",
+        "max_header_bytes",
+        "header_timeout_s",
+        "body_timeout_s",
+        "keep_alive_s",
+        "max_connections",
+        "max_anonymous_connections",
+        "api_key",
+        "api_keys",
+        "metrics_token",
+        "metrics_cache_s",
+        "log_level",
+    ),
+    "processes": (
+        "workers",
+        "engine_process",
+        "engine_threads",
+        "engine_call_timeout_s",
+        "max_worker_rss_mb",
+        "drain_timeout_s",
+    ),
+}
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BERTSERVE_", extra="forbid", frozen=True)
+    # --- models and engine ---
 
     bundles: Path = Field(Path("bundles"), description="directory of bundles to serve")
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535, description="0: any free port (the ready line says)")
-    # "auto": CUDA if this ONNX Runtime build has it, then CPU. Or a comma-separated list.
-    providers: str = "auto"
+    warmup: bool = Field(
+        True,
+        description="run representative shapes through every model before readiness, so the "
+        "first requests do not pay for ONNX Runtime's first calls (it also finds whether a "
+        "fill-mask graph runs without mask slots, which lets /nsp rows skip the MLM head)",
+    )
+    providers: str = Field(
+        "auto",
+        description="ONNX Runtime execution providers: 'auto' (CUDA if this build has it, then "
+        "CPU) or a comma-separated list of CUDAExecutionProvider, CPUExecutionProvider",
+    )
     require_gpu: bool = Field(
         False, description="refuse to start unless CUDA is the active provider"
     )
     device_id: int = Field(0, ge=0, description="CUDA device (one process per device)")
     gpu_mem_limit: int = Field(0, ge=0, description="bytes for ONNX Runtime's CUDA arena; 0: none")
-    arena_extend_strategy: Literal["kNextPowerOfTwo", "kSameAsRequested"] = "kNextPowerOfTwo"
+    arena_extend_strategy: Literal["kNextPowerOfTwo", "kSameAsRequested"] = Field(
+        "kNextPowerOfTwo", description="how ONNX Runtime's CUDA arena grows"
+    )
     cpu_arena: Literal["shrink", "arena", "no-arena"] = Field(
         "shrink",
         description="ONNX Runtime's CPU memory arena: 'shrink' gives back what a call larger "
         "than the warm-up's grew it by; 'arena' keeps every high-water mark; 'no-arena' "
         "allocates from the system (docs/deploy.md, Memory)",
     )
-    cudnn_conv_algo_search: Literal["EXHAUSTIVE", "HEURISTIC", "DEFAULT"] = "EXHAUSTIVE"
+    cudnn_conv_algo_search: Literal["EXHAUSTIVE", "HEURISTIC", "DEFAULT"] = Field(
+        "EXHAUSTIVE", description="cuDNN's convolution algorithm search on CUDA"
+    )
     use_tf32: bool = Field(
         False, description="TF32 matmuls on CUDA: faster fp32, answers ~1e-3 from the CPU's"
+    )
+    intra_op_threads: int = Field(
+        0, ge=0, description="ONNX Runtime threads a process; 0: its share of the cores"
+    )
+    # Off, unlike ORT's default: the event loop shares the cores with ORT's threads, and threads
+    # spinning between calls starve it (2x lower throughput on a busy 2-core machine, measured).
+    intra_op_spinning: bool = Field(
+        False, description="let ONNX Runtime's threads busy-wait for work between calls"
+    )
+    intra_op_spin_stop: bool = Field(
+        False,
+        description="with intra_op_spinning: threads spin only within a call and sleep when it "
+        "ends",
+    )
+    # A lone request on a worker's one thread took 1.4x (MiniLM) the time of a plain server's
+    # call on both cores (docs/performance.md, "A lone request"); a second session of each
+    # model gives it every core, for the memory that session holds (docs/deploy.md, "Memory").
+    lone_threads: int = Field(
+        0,
+        ge=0,
+        description="ONNX Runtime threads for the call of a request alone in the service (one "
+        "row, no other request in flight in any worker), from a second session of each model "
+        "on the CPU; "
+        "0: the threads of all workers together (workers x intra_op_threads: every core by "
+        "default); 1 (or no more than intra_op_threads): no second session, and its memory "
+        "saved (docs/deploy.md, Memory)",
     )
     failed_batches_fatal: int = Field(
         3,
@@ -69,33 +181,54 @@ class Settings(BaseSettings):
         description="consecutive failed model calls after which the process reports itself "
         "dead (liveness and readiness fail): a CUDA error leaves the context unusable",
     )
-    workers: int = Field(
-        0,
+
+    # --- batching and admission ---
+    max_batch_rows: int = Field(32, ge=1, description="sequences in one model call")
+    max_batch_tokens: int = Field(
+        8192, ge=16, description="padded tokens (rows x length) in a call"
+    )
+    max_wait_ms: float = Field(
+        0.0,
         ge=0,
-        description="serving processes sharing the port, each with its own models and a share "
-        "of the cores; 0: one per core this process may use (its CPU affinity, capped by a "
-        "container's CPU quota; docs/deploy.md sizes them)",
+        description="how long an idle model waits for a batch to fill; 0: run what is queued",
     )
-    engine_process: bool = Field(
-        False,
-        description="one process runs every model for all workers, which keep HTTP, JSON, "
-        "tokenising and batching and send it their batches: on a GPU, one CUDA context and "
-        "the batches of all workers together (docs/architecture.md)",
+    split_batches: bool = Field(
+        True,
+        description="run queued sequences of very different lengths as separate calls where "
+        "the padding would cost more model time than another call (measured as it serves)",
     )
-    engine_threads: int = Field(
-        0, ge=0, description="ONNX Runtime threads of the engine process; 0: one a core"
+    max_queue_rows: int = Field(
+        512,
+        ge=1,
+        description="interactive sequences (requests of one input) admitted per model; past it 429",
     )
-    engine_call_timeout_s: float = Field(
-        60.0,
+    max_bulk_queue_rows: int = Field(
+        4096,
+        ge=1,
+        description="sequences of client batches (requests of more than one input) a model may "
+        "hold queued behind the interactive ones; they are also refused once the model could not "
+        "clear them within half of request_timeout_s at its measured rate",
+    )
+    max_queue_wait_ms: float = Field(
+        500.0,
         ge=0,
-        description="a call of the engine process that runs longer than this is taken for a hung "
-        "device: the engine exits, the supervisor replaces it and the workers send their "
-        "batches again, once; 0: never",
+        description="work a model's queue may hold, at the rate the model has been serving: past "
+        "it 429, so what is admitted is answered in time; 0: the row limit only",
     )
-    # Set by the supervisor for its workers when engine_process is on: the engine's socket.
-    engine_address: str = ""
-    intra_op_threads: int = Field(
-        0, ge=0, description="ONNX Runtime threads a process; 0: its share of the cores"
+    max_queue_time_ms: float = Field(
+        750.0,
+        ge=0,
+        description="by when an admitted request's first model call must end, from its arrival "
+        "(plus the batch window, max_wait_ms), at the call time measured so far: a request whose "
+        "call would end later is answered 429 with Retry-After instead of late, though it may "
+        "always wait out the batch the model was busy with when it arrived. The bound on "
+        "max_queue_wait_ms's estimate, which an event loop busy with a flood can outrun; 0: off",
+    )
+    request_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="a request's deadline, post-processing included: 504 past it (a client that "
+        "left is logged 499)",
     )
     # What bounds an admitted request's time under overload: an event loop busy refusing a
     # flood completes about 500 requests a second, so at 256 in flight (the old default) the
@@ -124,130 +257,49 @@ class Settings(BaseSettings):
         description="overload refusals (429, and 503 past max_in_flight) are answered after this "
         "delay, so clients that retry at once cannot make refusing most of the work; 0: at once",
     )
-    max_connections: int = Field(
-        2048,
-        ge=1,
-        description="open connections a process serves; a request on one past it is answered "
-        "503 with Retry-After and that connection closed (the process raises its open-file "
-        "limit to fit, where the hard limit allows)",
-    )
-    # Off, unlike ORT's default: the event loop shares the cores with ORT's threads, and threads
-    # spinning between calls starve it (2x lower throughput on a busy 2-core machine, measured).
-    intra_op_spinning: bool = Field(
-        False, description="let ONNX Runtime's threads busy-wait for work between calls"
-    )
-    intra_op_spin_stop: bool = Field(
-        False,
-        description="with intra_op_spinning: threads spin only within a call and sleep when it "
-        "ends",
-    )
-    # A lone request on a worker's one thread took 1.4x (MiniLM) the time of a plain server's
-    # call on both cores (docs/performance.md, "A lone request"); a second session of each
-    # model gives it every core, for the memory that session holds (docs/deploy.md, "Memory").
-    lone_threads: int = Field(
-        0,
-        ge=0,
-        description="ONNX Runtime threads for the call of a request alone in the service (one "
-        "row, no other request in flight in any worker), from a second session of each model "
-        "on the CPU; "
-        "0: the threads of all workers together (workers x intra_op_threads: every core by "
-        "default); 1 (or no more than intra_op_threads): no second session",
-    )
-    max_batch_rows: int = Field(32, ge=1, description="sequences in one model call")
-    max_batch_tokens: int = Field(
-        8192, ge=16, description="padded tokens (rows x length) in a call"
-    )
-    max_wait_ms: float = Field(
-        0.0,
-        ge=0,
-        description="how long an idle model waits for a batch to fill; 0: run what is queued",
-    )
-    split_batches: bool = Field(
-        True,
-        description="run queued sequences of very different lengths as separate calls where "
-        "the padding would cost more model time than another call (measured as it serves)",
-    )
-    max_queue_rows: int = Field(512, ge=1, description="sequences admitted per model; past it 429")
-    max_bulk_queue_rows: int = Field(
-        4096,
-        ge=1,
-        description="sequences of client batches (requests of more than one input) a model may "
-        "hold queued behind the interactive ones; they are also refused once the model could not "
-        "clear them within half of request_timeout_s at its measured rate",
-    )
-    max_queue_wait_ms: float = Field(
-        500.0,
-        ge=0,
-        description="work a model's queue may hold, at the rate the model has been serving: past "
-        "it 429, so what is admitted is answered in time; 0: the row limit only",
-    )
-    max_queue_time_ms: float = Field(
-        750.0,
-        ge=0,
-        description="by when an admitted request's first model call must end, from its arrival "
-        "(plus the batch window, max_wait_ms), at the call time measured so far: a request whose "
-        "call would end later is answered 429 with Retry-After instead of late, though it may "
-        "always wait out the batch the model was busy with when it arrived. The bound on "
-        "max_queue_wait_ms's estimate, which an event loop busy with a flood can outrun; 0: off",
-    )
-    request_timeout_s: float = Field(30.0, gt=0, description="queue deadline; past it 504")
-    max_client_batch: int = Field(32, ge=1, description="inputs in one request")
-    max_rerank_documents: int = Field(
-        256, ge=1, description="documents one rerank request may rank (a row each)"
-    )
-    root_task: str = Field(
-        "/embed",
-        description="the task POST / answers (text-embeddings-inference's and Hugging Face "
-        "InferenceClient's base URL); a body whose inputs hold a source_sentence goes to "
-        "/similarity",
-    )
-    max_request_rows: int = Field(
-        64,
-        ge=1,
-        description="sequences one request may become (inputs x windows); past it 413",
-    )
-    max_body_bytes: int = Field(1_000_000, ge=1024)
-    max_response_bytes: int = Field(
-        8_000_000, ge=1024, description="largest answer; past it 413 (a last guard)"
-    )
-    max_fill_mask_candidates: int = Field(
-        1000, ge=1, description="inputs x [MASK]s x top_k one /fill-mask request may ask for"
-    )
     inline_cost: int = Field(
         4096,
         ge=0,
         description="requests carrying more characters tokenise and decode on a worker "
         "thread, so the event loop stays responsive",
     )
+
+    # --- limits of a request ---
+    max_client_batch: int = Field(32, ge=1, description="inputs in one request")
+    max_request_rows: int = Field(
+        64,
+        ge=1,
+        description="sequences one request may become (inputs x windows of long texts), or "
+        "max_queue_rows if that is lower; past it 413",
+    )
+    max_rerank_documents: int = Field(
+        256, ge=1, description="documents one rerank request may rank (a row each)"
+    )
+    max_body_bytes: int = Field(1_000_000, ge=1024, description="largest request body; past it 413")
+    max_response_bytes: int = Field(
+        8_000_000, ge=1024, description="largest answer; past it 413 (a last guard)"
+    )
+    max_fill_mask_candidates: int = Field(
+        1000, ge=1, description="inputs x [MASK]s x top_k one /fill-mask request may ask for"
+    )
+    max_text_chars: int = Field(100_000, ge=16, description="longest text accepted at all")
+
+    # --- HTTP and security ---
+    host: str = Field(
+        "127.0.0.1",
+        description="listen address; 0.0.0.0 (or ::) serves other machines: set API keys then",
+    )
+    port: int = Field(8000, ge=0, le=65535, description="0: any free port (the ready line says)")
+    root_task: str = Field(
+        "/embed",
+        description="the task POST / answers (text-embeddings-inference's and Hugging Face "
+        "InferenceClient's base URL); a body whose inputs hold a source_sentence goes to "
+        "/similarity",
+    )
     max_header_bytes: int = Field(
         32_768,
         ge=1024,
         description="largest request line and headers; past it 431 and the connection closed",
-    )
-    max_anonymous_connections: int = Field(
-        256,
-        ge=1,
-        description="with API keys set: connections that have not sent a valid key a process "
-        "keeps; past it the oldest idle ones are closed, and their requests refused 503, so "
-        "clients without a key cannot take the connections keyed clients need",
-    )
-    metrics_token: SecretStr | None = Field(
-        None,
-        description="a bearer token /metrics then asks for (Prometheus' authorization "
-        "credentials); unset: /metrics is open, like the probes",
-    )
-    metrics_cache_s: float = Field(
-        1.0,
-        ge=0,
-        description="a /metrics scrape is reused for this long, so scraping in a loop costs a "
-        "copy, not a collection; 0: collected on every scrape",
-    )
-    max_worker_rss_mb: int = Field(
-        0,
-        ge=0,
-        description="a worker whose resident memory passes this is replaced: the supervisor "
-        "starts a new one, and once it is ready the old one stops accepting and finishes what "
-        "it admitted; 0: never (docs/deploy.md sizes it)",
     )
     header_timeout_s: float = Field(
         10.0, gt=0, description="a client must send its request headers within this"
@@ -265,16 +317,75 @@ class Settings(BaseSettings):
         description="an idle kept-alive connection is closed after this; keep it above the idle "
         "timeout of the clients and proxies in front (docs/deploy.md)",
     )
-    max_text_chars: int = Field(100_000, ge=16, description="longest text accepted at all")
-    drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: time to finish admitted work")
+    max_connections: int = Field(
+        2048,
+        ge=1,
+        description="open connections a process serves; a request on one past it is answered "
+        "503 with Retry-After and that connection closed (the process raises its open-file "
+        "limit to fit, where the hard limit allows)",
+    )
+    max_anonymous_connections: int = Field(
+        256,
+        ge=1,
+        description="with API keys set: connections that have not sent a valid key a process "
+        "keeps; past it the oldest idle ones are closed, and their requests refused 503, so "
+        "clients without a key cannot take the connections keyed clients need",
+    )
     api_key: SecretStr | None = Field(None, description="one bearer token (see api_keys)")
     api_keys: SecretStr | None = Field(
         None,
-        description="comma-separated bearer tokens, any of which is accepted: rotate by adding "
+        description="comma-separated bearer tokens of 16 or more characters, any of which is "
+        "accepted: rotate by adding "
         "the new key, moving clients, then removing the old; health and /metrics stay open",
     )
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    warmup: bool = True
+    metrics_token: SecretStr | None = Field(
+        None,
+        description="a bearer token /metrics then asks for (Prometheus' authorization "
+        "credentials); unset: /metrics is open, like the probes",
+    )
+    metrics_cache_s: float = Field(
+        1.0,
+        ge=0,
+        description="a /metrics scrape is reused for this long, so scraping in a loop costs a "
+        "copy, not a collection; 0: collected on every scrape",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="the JSON log's level (one line a request at info)"
+    )
+
+    # --- processes ---
+    workers: int = Field(
+        0,
+        ge=0,
+        description="serving processes sharing the port, each with its own models and a share "
+        "of the cores; 0: one per core this process may use (its CPU affinity, capped by a "
+        "container's CPU quota; docs/deploy.md sizes them)",
+    )
+    engine_process: bool = Field(
+        False,
+        description="one process runs every model for all workers, which keep HTTP, JSON, "
+        "tokenising and batching and send it their batches: on a GPU, one CUDA context and "
+        "the batches of all workers together; on a CPU it costs throughput (docs/deploy.md)",
+    )
+    engine_threads: int = Field(
+        0, ge=0, description="ONNX Runtime threads of the engine process; 0: one a core"
+    )
+    engine_call_timeout_s: float = Field(
+        60.0,
+        ge=0,
+        description="a call of the engine process that runs longer than this is taken for a hung "
+        "device: the engine exits (status 3, one error line), the supervisor replaces it and "
+        "the workers send their "
+        "batches again, once; 0: never",
+    )
+    max_worker_rss_mb: int = Field(
+        0,
+        ge=0,
+        description="a worker whose resident memory passes this is replaced: the supervisor "
+        "starts a new one, and once it is ready the old one stops accepting and finishes what "
+        "it admitted; 0: never (docs/deploy.md sizes it)",
+    )
+    drain_timeout_s: float = Field(30.0, ge=0, description="SIGTERM: time to finish admitted work")
 
     @field_validator("bundles")
     @classmethod
@@ -286,7 +397,7 @@ class Settings(BaseSettings):
     @field_validator("root_task")
     @classmethod
     def _root_task(cls, value: str) -> str:
-        from runtime.tasks import TASKS
+        from bertserve.runtime.tasks import TASKS
 
         if value not in TASKS:
             raise ValueError(f"BERTSERVE_ROOT_TASK must be one of {sorted(TASKS)}, got {value!r}")
@@ -323,6 +434,15 @@ class Settings(BaseSettings):
         )
         return tuple(k.strip().encode() for k in joined.split(",") if k.strip())
 
+    @functools.cached_property
+    def request_limits(self) -> RequestLimits:
+        """The limits of one request, as the tasks name them."""
+        return RequestLimits(
+            max_client_batch=self.max_client_batch,
+            max_request_rows=self.max_request_rows,
+            max_rerank_documents=self.max_rerank_documents,
+        )
+
     @property
     def worker_count(self) -> int:
         return self.workers or available_cores()
@@ -348,3 +468,69 @@ class Settings(BaseSettings):
             cudnn_conv_algo_search=self.cudnn_conv_algo_search,
             use_tf32=self.use_tf32,
         )
+
+
+# --- the command line and the docs' table, both from the fields above -------------------------
+
+
+def env_name(name: str) -> str:
+    return "BERTSERVE_" + name.upper()
+
+
+def flag_of(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def is_secret(name: str) -> bool:
+    """Keys and tokens are read from the environment only: on a command line every user of the
+    machine sees them (`ps`)."""
+    return SecretStr in get_args(Settings.model_fields[name].annotation)
+
+
+def default_text(name: str) -> str:
+    default = Settings.model_fields[name].default
+    if default is None:
+        return "unset"
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    return str(default)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """A flag a setting, in its group, its help the field's description; keys and tokens are
+    listed under their environment variable only. Each flag's default is "not given", so the
+    environment, then the field's default, apply (flags win)."""
+    for group, names in GROUPS.items():
+        secrets = [env_name(n) for n in names if is_secret(n)]
+        note = f"environment only: {', '.join(secrets)}" if secrets else None
+        section = parser.add_argument_group(group, note)
+        for name in names:
+            field = Settings.model_fields[name]
+            if is_secret(name):
+                continue
+            help_text = f"{field.description} [{env_name(name)}; default {default_text(name)}]"
+            kind = field.annotation
+            options: dict[str, Any] = {"default": argparse.SUPPRESS, "help": help_text}
+            if kind is bool:
+                options["action"] = argparse.BooleanOptionalAction
+            elif get_origin(kind) is Literal:
+                options["choices"] = get_args(kind)
+            else:
+                options["type"] = kind
+                options["metavar"] = name.split("_")[-1].upper()
+            section.add_argument(flag_of(name), dest=name, **options)
+
+
+def settings_table() -> str:
+    """docs/api.md's settings table (tools/docs.py writes it; a test holds it equal)."""
+    lines: list[str] = []
+    for group, names in GROUPS.items():
+        lines += [f"**{group.capitalize()}**", "", "| Variable | Flag | Default | Meaning |"]
+        lines.append("|---|---|---|---|")
+        for name in names:
+            field = Settings.model_fields[name]
+            flag = "(environment only)" if is_secret(name) else f"`{flag_of(name)}`"
+            meaning = (field.description or "").replace("|", "\\|")
+            lines.append(f"| `{env_name(name)}` | {flag} | `{default_text(name)}` | {meaning} |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"

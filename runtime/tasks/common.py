@@ -10,15 +10,29 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel
 from tokenizers import Encoding, Tokenizer
 
-from runtime.batching import Row, RowResult
-from runtime.bundle import BundleSpec
-from runtime.errors import ClientGone, DeadlineExceeded, InvalidInput, TooLarge
+from bertserve.runtime.batching import Row, RowResult
+from bertserve.runtime.bundle import BundleSpec
+from bertserve.runtime.errors import ClientGone, DeadlineExceeded, InvalidInput, TooLarge
+
+# The limits that bound one request's items and the rows they become, named as the service's
+# settings are (service/settings.py; tests/runtime/test_task_table.py holds them equal).
+LimitName = Literal["max_client_batch", "max_request_rows", "max_rerank_documents"]
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    max_client_batch: int = 32
+    max_request_rows: int = 64
+    max_rerank_documents: int = 256
+
+    def __getitem__(self, name: LimitName) -> int:
+        return int(getattr(self, name))
 
 
 class Task:
@@ -39,11 +53,11 @@ class Task:
     lenient_model_name: ClassVar[bool] = False
     # The settings that bound a request's items and the rows they become (long texts' windows
     # multiply rows; a rerank's documents are a row each), and what its items are called.
-    batch_limit: ClassVar[str] = "max_client_batch"
-    rows_limit: ClassVar[str] = "max_request_rows"
+    batch_limit: ClassVar[LimitName] = "max_client_batch"
+    rows_limit: ClassVar[LimitName] = "max_request_rows"
     items_name: ClassVar[str] = "inputs"
     # Where the items are in the request body (properties, outermost first), and how many items
-    # the request has besides that list (the OpenAPI document's maxItems: service.contract).
+    # the request has besides that list (the OpenAPI document's maxItems: service.http.contract).
     items_field: ClassVar[tuple[str, ...]] = ("inputs",)
     items_besides: ClassVar[int] = 0
 

@@ -18,9 +18,9 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from runtime.batching import Row, RowResult
-from runtime.schemas import STRICT, WHOLE, Request, Text
-from runtime.tasks.common import Task, TaskContext, row, sigmoid, usage
+from bertserve.runtime.batching import Row, RowResult
+from bertserve.runtime.schemas import STRICT, WHOLE, Request, Text
+from bertserve.runtime.tasks.common import Task, TaskContext, row, sigmoid, usage
 
 Documents = Annotated[list[Text], Field(min_length=1)]
 
