@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from bertserve.model.heads import BertPreTrainedModel, gather_positions
 from bertserve.runtime.bundle import BASE_INPUTS, MASK_POSITIONS, SEGMENTS
+from bertserve.runtime.capabilities import CAPABILITIES
 
 log = logging.getLogger(__name__)
 
@@ -36,32 +37,20 @@ class TaskSpec:
     labelled: bool = False  # needs id2label (bundle.json "labels")
 
 
+# The head wiring, the export's own part of a capability: the checkpoint keys its head needs.
+# What each capability exports (architecture, outputs, labels) is the runtime's table.
+HEAD_KEYS: dict[str, tuple[str, ...]] = {
+    "fill-mask": ("cls.predictions.transform.dense.weight", "cls.predictions.bias"),
+    "nsp": ("cls.seq_relationship.weight",),
+    "classify": ("classifier.weight",),
+    "ner": ("classifier.weight",),
+    "qa": ("qa_outputs.weight",),
+    "embed": (),
+    "rerank": ("classifier.weight",),
+}
 TASK_SPECS = {
-    # A BERT pre-training checkpoint serves it beside NSP (BertForPreTraining, task_architecture).
-    "fill-mask": TaskSpec(
-        "BertForMaskedLM",
-        ("cls.predictions.transform.dense.weight", "cls.predictions.bias"),
-        {"mlm_logits": "mask"},
-    ),
-    "nsp": TaskSpec(
-        "BertForPreTraining", ("cls.seq_relationship.weight",), {"nsp_logits": "sequence"}
-    ),
-    "classify": TaskSpec(
-        "BertForSequenceClassification", ("classifier.weight",), {"logits": "sequence"}, True
-    ),
-    "ner": TaskSpec(
-        "BertForTokenClassification", ("classifier.weight",), {"logits": "token"}, True
-    ),
-    "qa": TaskSpec(
-        "BertForQuestionAnswering",
-        ("qa_outputs.weight",),
-        {"start_logits": "token", "end_logits": "token"},
-    ),
-    "embed": TaskSpec("BertModel", (), {"embeddings": "sequence"}),
-    # A cross-encoder: a sequence classifier with one output (sentence-transformers' CrossEncoder).
-    "rerank": TaskSpec(
-        "BertForSequenceClassification", ("classifier.weight",), {"logits": "sequence"}
-    ),
+    name: TaskSpec(c.architecture, HEAD_KEYS[name], c.outputs, c.labelled)
+    for name, c in CAPABILITIES.items()
 }
 TASKS = tuple(TASK_SPECS)
 # Dynamic axes of the exported graph, by an output's kind.

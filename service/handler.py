@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -49,6 +50,24 @@ async def handle(
         unwatch(token)
 
 
+@dataclass(slots=True)
+class Call:
+    """One request on its way through the handler: what it asked, the model it runs on, and
+    what it becomes (rows, the task's prepared state, the model's results)."""
+
+    state: ServiceState
+    task: Task
+    model: Model
+    request: Any
+    items: list[Any]
+    single: bool
+    stats: dict[str, Any]  # what the access log reports
+    disconnected: Gone | None
+    rows: list[Row] = field(default_factory=list)
+    prepared: Any = None
+    results: list[RowResult] = field(default_factory=list)
+
+
 async def _handle(
     state: ServiceState,
     task: Task,
@@ -69,38 +88,32 @@ async def _handle(
             f"{len(items)} {task.items_name} in one request; the limit is {most} "
             f"(BERTSERVE_{task.batch_limit.upper()})"
         )
+    call = Call(state, task, model, request, items, single, stats, disconnected)
     cost = task.check_cost(model.ctx, items, request, settings)
     if cost <= settings.inline_cost:
-        return await _run(state, task, model, items, single, request, stats, disconnected, False)
+        return await _run(call, off_loop=False)
     try:
-        return await _run(state, task, model, items, single, request, stats, disconnected, True)
+        return await _run(call, off_loop=True)
     finally:  # what its tokenising and decoding freed goes back to the system
         # (service.process.memory)
         if state.trimmer.due():
             await asyncio.to_thread(state.trimmer.trim)
 
 
-async def _run(
-    state: ServiceState,
-    task: Task,
-    model: Model,
-    items: list[Any],
-    single: bool,
-    request: Any,
-    stats: dict[str, Any],
-    disconnected: Gone | None,
-    off_loop: bool,
-) -> Any:
-    settings = state.settings
-    stage = state.metrics.stages(task.path)
+async def _run(call: Call, off_loop: bool) -> Any:
+    settings, task, model = call.state.settings, call.task, call.model
+    stage = call.state.metrics.stages(task.path)
     t0 = time.perf_counter()
     if off_loop:
-        rows, prepared = await asyncio.to_thread(task.prepare, model.ctx, items, request)
+        call.rows, call.prepared = await asyncio.to_thread(
+            task.prepare, model.ctx, call.items, call.request
+        )
     else:
-        rows, prepared = task.prepare(model.ctx, items, request)
+        call.rows, call.prepared = task.prepare(model.ctx, call.items, call.request)
     t1 = time.perf_counter()
     checkpoint()
-    bulk = len(items) > 1
+    rows = call.rows
+    bulk = len(call.items) > 1
     # More could never be admitted: a client batch's rows queue in the bulk lane.
     queue = settings.max_bulk_queue_rows if bulk else settings.max_queue_rows
     limit = min(settings.request_limits[task.rows_limit], queue)
@@ -109,23 +122,18 @@ async def _run(
             f"the input needs {len(rows)} sequences of up to {model.ctx.max_len} tokens; one "
             f"request may use {limit}. Send a shorter text or fewer inputs"
         )
-    stats.update(model=model.name, rows=len(rows), tokens=sum(len(r) for r in rows))
-    results = await submit(model, rows, disconnected, bulk=bulk)
+    call.stats.update(model=model.name, rows=len(rows), tokens=sum(len(r) for r in rows))
+    call.results = results = await submit(model, rows, call.disconnected, bulk=bulk)
     t2 = time.perf_counter()
     checkpoint()
-    if off_loop:
-        body_out = await asyncio.to_thread(
-            finish, task, model, prepared, results, request, single, rows, settings
-        )
-    else:
-        body_out = finish(task, model, prepared, results, request, single, rows, settings)
+    body_out = await asyncio.to_thread(finish, call) if off_loop else finish(call)
     t3 = time.perf_counter()
     checkpoint()  # a client that left while its answer was made: logged 499, not 200
     # The request waited for its slowest row: that is its queue and inference time, in the
     # stage histograms and in the access log alike.
     queue_s = max((r.queue_s for r in results), default=0.0)
     inference_s = max((r.inference_s for r in results), default=0.0)
-    stats.update(queue_ms=1000 * queue_s, inference_ms=1000 * inference_s)
+    call.stats.update(queue_ms=1000 * queue_s, inference_ms=1000 * inference_s)
     stage["tokenize"].observe(t1 - t0)
     stage["queue"].observe(queue_s)
     stage["inference"].observe(inference_s)
@@ -133,24 +141,16 @@ async def _run(
     return body_out
 
 
-def finish(
-    task: Task,
-    model: Model,
-    prepared: Any,
-    results: list[RowResult],
-    request: Any,
-    single: bool,
-    rows: list[Row],
-    settings: Any,
-) -> bytes:
-    answers = task.finish(model.ctx, prepared, results, request)
-    # orjson: 94 -> 7 us for one 384-float embedding, 2.5 -> 0.1 us for a /classify answer
-    # (docs/performance.md).
-    body = orjson.dumps(task.respond(answers, single, request, rows, model.name))
-    if len(body) > settings.max_response_bytes:  # a last guard: the cost check comes first
+def finish(call: Call) -> bytes:
+    """Decode the model's results into the task's answers, and the answers into JSON."""
+    task, model, request = call.task, call.model, call.request
+    answers = task.finish(model.ctx, call.prepared, call.results, request)
+    body = orjson.dumps(task.respond(answers, call.single, request, call.rows, model.name))
+    limit = call.state.settings.max_response_bytes
+    if len(body) > limit:  # a last guard: the cost check comes first
         raise TooLarge(
-            f"the answer would be {len(body):,} bytes; the limit is "
-            f"{settings.max_response_bytes:,}. Ask for fewer inputs or a smaller top_k"
+            f"the answer would be {len(body):,} bytes; the limit is {limit:,}. Ask for fewer "
+            "inputs or a smaller top_k"
         )
     return body
 

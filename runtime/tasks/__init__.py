@@ -26,9 +26,10 @@ TASKS: dict[str, Task] = {
         rerank.COHERE_RERANK_V2,
     )
 }
-# The bundle tasks (bundle.json "tasks") some endpoint serves, and the outputs each reads.
-CAPABILITIES: dict[str, set[str]] = {}
+# The capabilities (bundle.json "tasks", runtime/capabilities.py) some endpoint serves,
+# and the outputs the endpoints read of each.
+READS: dict[str, set[str]] = {}
 for _task in TASKS.values():
-    CAPABILITIES.setdefault(_task.capability, set()).update(_task.reads)
+    READS.setdefault(_task.capability, set()).update(_task.reads)
 
-__all__ = ["CAPABILITIES", "TASKS", "Task"]
+__all__ = ["READS", "TASKS", "Task"]

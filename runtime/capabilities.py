@@ -1,0 +1,103 @@
+"""The one task vocabulary: what a bundle can do (bundle.json "tasks"), torch-free.
+
+Each capability names the graph outputs it exports and their axes, the model class that carries
+its head, whether it needs labels, how it is trained and how it is evaluated. Everything else
+derives from this table: the endpoints that serve a capability (runtime/tasks/), the head wiring
+of the export (export/graph.py), the training commands' choices and the evaluators
+(model/training/); tests/runtime/test_task_table.py fails when one of them names a capability
+this table lacks, or the reverse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Training = Literal["pretrain", "finetune", "rerank", "none"]
+
+
+@dataclass(frozen=True)
+class Capability:
+    name: str
+    architecture: str  # the model class that carries the head (model/heads.py HEADS)
+    outputs: dict[str, str]  # graph output -> its axes (bundle.json "output_axes")
+    labelled: bool  # needs id2label (bundle.json "labels")
+    training: Training  # the command that trains its head: `bertserve <training>`
+    evaluations: tuple[str, ...]  # `bertserve evaluate --task ...` names that measure it
+
+
+def _table(*capabilities: Capability) -> dict[str, Capability]:
+    return {c.name: c for c in capabilities}
+
+
+CAPABILITIES = _table(
+    # A BERT pre-training checkpoint serves it beside NSP (BertForPreTraining).
+    Capability(
+        name="fill-mask",
+        architecture="BertForMaskedLM",
+        outputs={"mlm_logits": "mask"},
+        labelled=False,
+        training="pretrain",
+        evaluations=("mlm", "mlm-news"),
+    ),
+    Capability(
+        name="nsp",
+        architecture="BertForPreTraining",
+        outputs={"nsp_logits": "sequence"},
+        labelled=False,
+        training="pretrain",
+        evaluations=("nsp", "nsp-news"),
+    ),
+    Capability(
+        name="classify",
+        architecture="BertForSequenceClassification",
+        outputs={"logits": "sequence"},
+        labelled=True,
+        training="finetune",
+        evaluations=("classify",),
+    ),
+    Capability(
+        name="ner",
+        architecture="BertForTokenClassification",
+        outputs={"logits": "token"},
+        labelled=True,
+        training="finetune",
+        evaluations=("ner",),
+    ),
+    Capability(
+        name="qa",
+        architecture="BertForQuestionAnswering",
+        outputs={"start_logits": "token", "end_logits": "token"},
+        labelled=False,
+        training="finetune",
+        evaluations=("qa",),
+    ),
+    # The encoder alone, mean-pooled (a sentence-transformers bi-encoder), trained elsewhere.
+    Capability(
+        name="embed",
+        architecture="BertModel",
+        outputs={"embeddings": "sequence"},
+        labelled=False,
+        training="none",
+        evaluations=("embed",),
+    ),
+    # A cross-encoder: a sequence classifier with one output (sentence-transformers' CrossEncoder).
+    Capability(
+        name="rerank",
+        architecture="BertForSequenceClassification",
+        outputs={"logits": "sequence"},
+        labelled=False,
+        training="rerank",
+        evaluations=("rerank",),
+    ),
+)
+
+
+def trained_by(training: Training) -> list[str]:
+    """The capabilities whose heads `bertserve <training>` trains, in the table's order."""
+    return [c.name for c in CAPABILITIES.values() if c.training == training]
+
+
+def evaluations() -> dict[str, str]:
+    """Every evaluation name -> the capability it measures."""
+    return {e: c.name for c in CAPABILITIES.values() for e in c.evaluations}
