@@ -17,9 +17,9 @@ help:
 	@echo "make test    lint and run the test suite (creates $(VENV) on first use)"
 	@echo "make serve   serve the shipped bundles in bundles/ on port 8000"
 	@echo "make lint    ruff check + format check + mypy (bertserve.*, bench)"
-	@echo "make bench   bertserve vs the raw ceiling and the peers -> docs/benchmarks.md (~10 min)"
-	@echo "make reliability  overload, faults, hostile input -> docs/reliability.md (~2 min)"
-	@echo "make bench-minilm / reliability-minilm   the same on the MiniLM bundles -> docs/minilm/"
+	@echo "make bench   bertserve vs the raw ceiling and the peers -> docs/reports/benchmarks.md (~10 min)"
+	@echo "make reliability  overload, faults, hostile input -> docs/reports/reliability.md (~2 min)"
+	@echo "make bench-minilm / reliability-minilm   the same on the MiniLM bundles -> docs/reports/minilm/"
 
 # One line that says what is missing, instead of "python3.11: command not found".
 check-python:
@@ -92,17 +92,17 @@ $(BENCH_STAMP): pyproject.toml
 	$(BENCH_VENV)/bin/pip install --quiet -e ".[cpu,train,dev,bench]"
 	touch $@
 
-bench: $(BENCH_STAMP)  ## docs/benchmarks.md + docs/img/bench-*.png
-	$(BENCH_VENV)/bin/python -m bench.run --data $(DATA) $(BENCH_ARGS)
+bench: $(BENCH_STAMP)  ## docs/reports/benchmarks.md + docs/reports/img/bench-*.png
+	$(BENCH_VENV)/bin/bertserve bench peers --data $(DATA) $(BENCH_ARGS)
 
-reliability: $(BENCH_STAMP)  ## docs/reliability.md
-	$(BENCH_VENV)/bin/python -m bench.reliability --data $(DATA) $(BENCH_ARGS)
+reliability: $(BENCH_STAMP)  ## docs/reports/reliability.md
+	$(BENCH_VENV)/bin/bertserve bench reliability --data $(DATA) $(BENCH_ARGS)
 
 # Our export of each encoder family against Optimum's + ONNX Runtime's optimiser (raw ORT).
 bench-families: $(BENCH_STAMP)
-	$(BENCH_VENV)/bin/python -m bench.family_export --out runs/family-export.md
+	$(BENCH_VENV)/bin/bertserve bench families --out runs/family-export.md
 
-# /embed against Infinity 0.0.78's ONNX engine (docs/infinity.md). Infinity runs from a
+# /embed against Infinity 0.0.78's ONNX engine (docs/reports/infinity.md). Infinity runs from a
 # virtualenv of its own, pinned where its ONNX engine loads: optimum 1.27 (1.27 needs
 # transformers < 4.49 and numpy < 2), with a shim for the torch.onnx names optimum imports.
 INFINITY_VENV ?= runs/infinity-venv
@@ -113,17 +113,17 @@ bench-infinity: $(BENCH_STAMP)
 		site=$$($(INFINITY_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
 		cp bench/peers/infinity_torch_shim.py $$site/ && \
 		echo "import infinity_torch_shim" > $$site/infinity_torch_shim.pth; }
-	$(BENCH_VENV)/bin/python -m bench.infinity --infinity $(abspath $(INFINITY_VENV))/bin/infinity_emb \
-		--model-dir runs/infinity/minilm --data $(DATA) --report docs/infinity.md
+	$(BENCH_VENV)/bin/bertserve bench infinity --infinity $(abspath $(INFINITY_VENV))/bin/infinity_emb \
+		--model-dir runs/infinity/minilm --data $(DATA) --report docs/reports/infinity.md
 
-# The same two on the larger (MiniLM) classify bundle, the shipped default: docs/minilm/.
+# The same two on the larger (MiniLM) classify bundle, the shipped default: docs/reports/minilm/.
 bench-minilm: $(BENCH_STAMP)
-	$(BENCH_VENV)/bin/python -m bench.run --data $(DATA) --classify-bundle sst2-minilm \
-		--work runs/bench-minilm --report docs/minilm/benchmarks.md
+	$(BENCH_VENV)/bin/bertserve bench peers --data $(DATA) --classify-bundle sst2-minilm \
+		--work runs/bench-minilm --report docs/reports/minilm/benchmarks.md
 
 reliability-minilm: $(BENCH_STAMP)
-	$(BENCH_VENV)/bin/python -m bench.reliability --data $(DATA) --classify-bundle sst2-minilm \
-		--ner-bundle conll-minilm --work runs/bench-minilm --report docs/minilm/reliability.md
+	$(BENCH_VENV)/bin/bertserve bench reliability --data $(DATA) --classify-bundle sst2-minilm \
+		--ner-bundle conll-minilm --work runs/bench-minilm --report docs/reports/minilm/reliability.md
 
 # --- reproducing the shipped weights (the data sets live outside the repo) ---------------------
 DATA ?= ../shared/data

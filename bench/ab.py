@@ -1,13 +1,14 @@
 """Same-minute A/B of two versions of bertserve serving the same ONNX models, endpoint by endpoint.
 
     git worktree add /tmp/ab/s2 02a7117          # the old code, with its own bundles
-    python -m bench.ab --old /tmp/ab/s2 --endpoints ner,qa,fill-mask,nsp --rounds 2
+    bertserve bench ab --old /tmp/ab/s2 --endpoints ner,qa,fill-mask,nsp --rounds 2
 
 An old tree whose bundles are already format 2 is served as it is (a recent commit, given the
 current models under its bundles/, for an A/B of one change on those models).
 
-Each side runs `python -m service` from its own tree (working directory and PYTHONPATH; it must
-serve /classify, the readiness check) at its default settings, one side at a time, alternating
+Each side runs the service from its own tree (`importable`: a tree from before the one import
+name runs as `python -m service`, a later one through links named `bertserve.*`; it must serve
+/classify, the readiness check) at its default settings, one side at a time, alternating
 the order every round; wrk drives each endpoint closed-loop at each concurrency. The old tree
 serves its own `bundles/`; this tree serves the same model files under bundle.json format 2
 (`as_format_2`), so only the code differs. Machine load matters more than anything here: pause
@@ -62,6 +63,23 @@ def as_format_2(src: Path, dst: Path) -> None:
     (dst / "bundle.json").write_text(json.dumps(spec, indent=2) + "\n")
 
 
+def importable(tree: Path, work: Path) -> tuple[Path, str]:
+    """What to put on PYTHONPATH to run `tree`'s service, and its module. A tree whose folders
+    install as `bertserve.*` (pyproject.toml's package-dir) gets a link farm under `work`, so
+    its code, not the installed checkout's, is what imports (PYTHONPATH comes before the
+    editable install's finder)."""
+    if '"bertserve.service" = "service"' not in (tree / "pyproject.toml").read_text():
+        return tree, "service"
+    farm = work / "trees" / hashlib.sha256(str(tree.resolve()).encode()).hexdigest()[:12]
+    shutil.rmtree(farm, ignore_errors=True)
+    (farm / "bertserve").mkdir(parents=True)
+    for path in (tree / "bertserve").glob("*.py"):
+        (farm / "bertserve" / path.name).symlink_to(path.resolve())
+    for folder in ("export", "model", "runtime", "service"):
+        (farm / "bertserve" / folder).symlink_to((tree / folder).resolve())
+    return farm, "bertserve.service"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--old", type=Path, required=True, help="the old source tree")
@@ -86,9 +104,10 @@ def main() -> None:
         order = list(sides) if r % 2 == 0 else list(reversed(sides))
         for name in order:
             tree, bundles = sides[name]
-            env = {"PYTHONPATH": str(tree), "BERTSERVE_LOG_LEVEL": "warning"}
+            path, module = importable(tree, args.work)
+            env = {"PYTHONPATH": str(path), "BERTSERVE_LOG_LEVEL": "warning"}
             log = args.work / f"server-{name}.log"
-            with serve(OURS, bundles, bundles, PORT, ready, log, env, cwd=tree):
+            with serve(OURS, bundles, bundles, PORT, ready, log, env, cwd=tree, module=module):
                 for endpoint in endpoints:
                     url = f"http://127.0.0.1:{PORT}/{endpoint}"
                     closed_loop(url, bodies[endpoint], 8, 2)  # warm-up

@@ -9,7 +9,7 @@ with an API key set (one worker, so its memory is the process's):
    keep-alive, slow and oversized headers) while a keyed client counts its non-200 answers;
 4. 10,000 mixed requests, the largest allowed ones included: resident memory against warm.
 
-    python -m bench.attack [--tree DIR] [--report docs/security-bench.md]
+    bertserve bench attack [--tree DIR] [--report docs/reports/security-bench.md]
 
 `--tree` serves another source tree (a worktree of an older commit) for an A/B.
 """
@@ -523,7 +523,7 @@ def report(results: dict[str, Any], tree: Path) -> str:
     lines = [
         "# The adversarial review's targets, measured",
         "",
-        f"`python -m bench.attack` at {commit}, {time.strftime('%Y-%m-%d')}, on this machine "
+        f"`bertserve bench attack` at {commit}, {time.strftime('%Y-%m-%d')}, on this machine "
         f"({os.cpu_count()} cores): `bertserve serve` on the shipped bundles, one worker, "
         "an API key set. Targets from docs/security.md.",
         "",

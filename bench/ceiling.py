@@ -1,7 +1,7 @@
 """The raw ceiling: a bundle's ONNX model run in this process on the same token sequences the
 load generator sends, with the best batching we can give it and no HTTP, no queue, no JSON.
 
-    python -m bench.ceiling --bundle bundles/sst2-distilled-2x192 \
+    bertserve bench ceiling --bundle bundles/sst2-distilled-2x192 \
         --bodies runs/bench/inputs/classify.jsonl
 
 Sequences are tokenised once up front (tokenising is the server's job, not the model's), sorted
@@ -82,7 +82,7 @@ def single_feeds(rows: list, pad_id: int, count: int) -> list[dict[str, np.ndarr
 
 def call_ms(engine: Engine, feeds: list, gap_s: float = 0.0, spin: bool = False) -> float:
     """Median ms of one call each over `feeds`; with `gap_s`, each call after that long idle,
-    slept or spun on the clock (`bench.idle_gap`), the idle time not counted."""
+    slept or spun on the clock (`bench.experiments.idle_gap`), the idle time not counted."""
     times = []
     for f in feeds:
         if gap_s:

@@ -5,7 +5,7 @@ in one process, the two graphs timed in alternating rounds: raw ONNX Runtime thr
 HTTP.
 
     make bench-families   # in .venv-bench: optimum-onnx is a bench dependency, never a serving one
-    python -m bench.family_export [--families bert,distilbert,roberta,xlm-roberta,electra]
+    bertserve bench families [--families bert,distilbert,roberta,xlm-roberta,electra]
         [--layers 6] [--hidden 384] [--seq 64] [--rounds 5] [--seconds 1.0] [--out FILE]
 
 Each family's checkpoint is a random-weight sequence classifier of one shape (6 x 384 by
@@ -139,7 +139,7 @@ def main() -> None:
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"ONNX Runtime {ort.__version__}, {args.threads} intra-op threads; "
         f"{args.layers} x {args.hidden} random-weight classifiers, sequences of {args.seq}. "
-        f"Command: `python -m bench.family_export --layers {args.layers} --hidden {args.hidden} "
+        f"Command: `bertserve bench families --layers {args.layers} --hidden {args.hidden} "
         f"--seq {args.seq} --rounds {args.rounds}`.",
         "",
         "| family | batch | ours seq/s | Optimum + ORT optimiser seq/s | ours / theirs | "

@@ -2,7 +2,7 @@
 with one NVIDIA GPU, does the CUDA provider really run every shipped bundle, with the CPU's
 answers, how fast, and how does the service batch under load there. Writes one JSON file.
 
-    python -m bench.gpu_check --bundles bundles --out runs/gpu_check.json
+    bertserve bench gpu-check --bundles bundles --out runs/gpu_check.json
 
 Steps (each recorded; the first failure stops the run with its reason):
 1. every bundle loads on CUDAExecutionProvider (BERTSERVE_REQUIRE_GPU's check), and which of its
@@ -313,7 +313,7 @@ def timed_bundle(bundles: list[Path]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.gpu_check", description=__doc__.split("\n")[0]
+        prog="bertserve bench gpu-check", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--bundles", type=Path, default=Path("bundles"))
     parser.add_argument("--out", type=Path, default=Path("runs/gpu_check.json"))

@@ -2,8 +2,8 @@
 SST-2 sentences, in alternating rounds: one connection, 32 connections of single sentences, and
 8 connections of 16 sentences a request, as sentences/s.
 
-    python -m bench.infinity --infinity /opt/infinity/bin/infinity_emb \
-        --model-dir runs/infinity/minilm --report docs/infinity.md
+    bertserve bench infinity --infinity /opt/infinity/bin/infinity_emb \
+        --model-dir runs/infinity/minilm --report docs/reports/infinity.md
 
 Infinity lives in a virtualenv of its own (its pins clash with ours); the recipe, with the three
 workarounds its ONNX engine needs, is in docs/performance.md ("Infinity"). `--model-dir` is a
@@ -201,7 +201,7 @@ def main() -> None:
         machine = f"{os.cpu_count()} cores"
         args.report.write_text(
             "# /embed against Infinity\n\n"
-            f"`python -m bench.infinity` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+            f"`bertserve bench infinity` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
             f"{machine}, {args.rounds} alternating rounds of {args.seconds:g} s a load; "
             f"all-MiniLM-L6-v2 on both sides, SST-2 dev sentences. The two sides' vectors agree: "
             f"cosine min {cosine.min():.5f}, mean {cosine.mean():.5f} over 32 sentences.\n\n"

@@ -2,7 +2,7 @@
 teacher / student / baseline rows of the model card. No HTTP, no queue: the model alone, with
 every core, length-sorted batches of the best size (bench.ceiling).
 
-    python -m bench.models --data ../shared/data --bundles runs/bundles/sst2-minilm-int8,...
+    bertserve bench models --data ../shared/data --bundles runs/bundles/sst2-minilm-int8,...
 
 Inputs by task: SST-2 dev sentences (classify), CoNLL-2003 test sentences (ner), the first 500
 SQuAD dev questions with their contexts (qa), each through the task's own `prepare` with the

@@ -1,7 +1,7 @@
 """The reliability suite: the service's promises under overload, faults and hostile input, each
-with the figure it produced. Writes runs/bench/reliability.json and docs/reliability.md.
+with the figure it produced. Writes runs/bench/reliability.json and docs/reports/reliability.md.
 
-    python -m bench.reliability [--overload-seconds 60]
+    bertserve bench reliability [--overload-seconds 60]
 
 Overload, SIGTERM and the hostile bodies run against a real `bertserve serve` process; the
 injected faults (failing, stalled backend; clients that hang up) run against a real uvicorn
@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.inputs import write_bodies
 from bench.loadgen import closed_loop, open_loop
-from bench.run import log
+from bench.run import commit, log
 from bench.servers import OURS, only_bundles, serve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -413,6 +413,7 @@ def main() -> None:
     bundle = args.bundles / args.classify_bundle
     results: dict = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": commit(),
         "bundles": f"--classify-bundle {args.classify_bundle} --ner-bundle {args.ner_bundle}",
     }
 

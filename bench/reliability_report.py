@@ -1,4 +1,5 @@
-"""docs/reliability.md from runs/bench/reliability.json (written by bench/reliability.py)."""
+"""docs/reports/reliability.md from runs/bench/reliability.json (written by
+bench/reliability.py)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def write_report(r: dict, out: Path) -> None:
         "# Reliability",
         "",
         "What the service promises under overload, faults and hostile input, and the figure each",
-        f"check produced. Measured on {r['date']} with `python -m bench.reliability "
+        f"check produced. Measured at commit {r.get('commit', 'unrecorded')} on {r['date']} "
+        "with `bertserve bench reliability "
         f"{r.get('bundles', '').strip()}` ({r['wall_s'] / 60:.1f} min; `make reliability` runs "
         "it on",
         "the student, `make reliability-minilm` on the MiniLM bundles) on the machine of",
@@ -222,7 +224,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--results", type=Path, default=Path("runs/bench/reliability.json"))
-    parser.add_argument("--out", type=Path, default=Path("docs/reliability.md"))
+    parser.add_argument("--out", type=Path, default=Path("docs/reports/reliability.md"))
     args = parser.parse_args()
     write_report(json.loads(args.results.read_text()), args.out)
 

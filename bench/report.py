@@ -1,6 +1,6 @@
-"""docs/benchmarks.md and its plots from runs/bench/results.json (written by bench/run.py).
+"""docs/reports/benchmarks.md and its plots from runs/bench/results.json (written by bench/run.py).
 
-python -m bench.report [--results runs/bench/results.json] [--out docs/benchmarks.md]
+bertserve bench report [--results runs/bench/results.json] [--out docs/reports/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 from bench.servers import OURS
 
 TARGETS = {
-    "ceiling_share": 0.60,  # single inputs (design.md); client batches: 90%, bench.client_batch
+    # single inputs (design.md); client batches: 90% (bertserve bench client-batch)
+    "ceiling_share": 0.60,
     "peer_ratio": 1.0,
     "transformers_ratio": 2.0,
     "c1_overhead_ms": 2.0,
@@ -108,7 +109,8 @@ def write_report(results: dict, out: Path, img: Path) -> None:
         "",
         "bertserve against the raw ONNX Runtime ceiling and the servers users would otherwise use,",
         "on one machine, in one run, with the same model and the same request bodies. Produced by",
-        f"`{results['command']}` on {results['date']} in {results['wall_s'] / 60:.1f} min; every",
+        f"`{results['command']}` at commit {results.get('commit', 'unrecorded')} on "
+        f"{results['date']} in {results['wall_s'] / 60:.1f} min; every",
         "number below is from that run (raw data: `runs/bench/results.json`, not committed).",
         "",
         f"- Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {m['os']}, "
@@ -234,7 +236,7 @@ NOTES = [
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--results", type=Path, default=Path("runs/bench/results.json"))
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
+    parser.add_argument("--out", type=Path, default=Path("docs/reports/benchmarks.md"))
     args = parser.parse_args()
     write_report(json.loads(args.results.read_text()), args.out, args.out.parent / "img")
 

@@ -1,6 +1,6 @@
 """`make bench`: bertserve against the raw ceiling and the peers: one machine, same inputs, one run.
 
-    python -m bench.run [--seconds 8] [--levels 1,8,32,64] [--peers transformers,fastapi-ort,...]
+    bertserve bench peers [--seconds 8] [--levels 1,8,32,64] [--peers transformers,fastapi-ort,...]
 
 1. Request bodies from the shared data sets (bench/inputs.py).
 2. The raw ceiling: the SST-2 bundle's ONNX model in this process on the same token sequences,
@@ -10,10 +10,10 @@
    concurrency 1 and 32, and the padding ratio from its own /metrics.
 4. Each peer (bench/peers/) started, driven on /classify at the same levels, stopped.
 
-Load comes from wrk (closed loop) and bench/loadgen/openloop.py (open loop), both on loopback,
-both reporting their own CPU. Writes runs/bench/results.json, docs/benchmarks.md and PNG plots in
-docs/img/. Servers and client share the machine's cores: that is stated in the report, and it
-is the same for every server.
+Load comes from wrk (closed loop) and bench/loadgen/openloop.py (open loop), both on loopback, both
+reporting their own CPU. Writes runs/bench/results.json, docs/reports/benchmarks.md and PNG plots in
+docs/reports/img/. Servers and client share the machine's cores: that is stated in the report, and
+it is the same for every server.
 """
 
 from __future__ import annotations
@@ -35,6 +35,20 @@ from bertserve.runtime.bundle import load_bundle_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 PORT = 8199
+
+
+def commit() -> str:
+    """The commit the measured code is at, with "+changes" when the tree differs from it."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return (head or "unknown") + ("+changes" if dirty else "")
 
 
 def machine() -> dict:
@@ -139,11 +153,12 @@ def runnable_peers(peers: list[str], bundle: Path) -> tuple[list[str], dict[str,
     return peers, {}
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m bench.run") -> None:
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog=prog,
         description=__doc__.split("\n")[0],
-        epilog=f"example:\n  {prog} --data ../shared/data --levels 1,8,32 --peers fastapi-ort\n"
+        epilog=f"example:\n  {prog or 'bertserve bench peers'} --data ../shared/data "
+        "--levels 1,8,32 --peers fastapi-ort\n"
         "(needs wrk and the bench extra: `make bench` sets both up)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -179,7 +194,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.run") -> No
     results: dict = {
         "machine": machine(),
         "versions": versions(),
-        "command": "python -m bench.run "
+        "command": "bertserve bench peers "
         + " ".join(
             f"--{k.replace('_', '-')} {v}"
             for k, v in (
@@ -189,6 +204,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.run") -> No
             )
         ),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": commit(),
         "ceiling": raw,
         "classify_bundle": str(bundle.relative_to(ROOT) if bundle.is_relative_to(ROOT) else bundle),
         "model": model_line(bundle),

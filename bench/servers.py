@@ -22,7 +22,7 @@ PEERS = {
     "fastapi-ort": "bench.peers.ort_plain",
     "litserve": "bench.peers.litserve_peer",
     "ray-serve": "bench.peers.ray_peer",
-    "cross-encoder": "bench.peers.cross_encoder",  # the rerank peer (bench.rerank)
+    "cross-encoder": "bench.peers.cross_encoder",  # the rerank peer (bench.experiments.rerank)
 }
 OURS = "bertserve"
 # Servers a bench runs beside bertserve that are not peers (they serve no model).
@@ -51,12 +51,14 @@ def only_bundles(source: Path, names: list[str], out: Path) -> Path:
     return out
 
 
-def command(name: str, bundles: Path, bundle: Path, port: int) -> list[str]:
+def command(
+    name: str, bundles: Path, bundle: Path, port: int, module: str = "bertserve.service"
+) -> list[str]:
     if name == OURS:
         return [
             sys.executable,
             "-m",
-            "bertserve.service",
+            module,
             "--bundles",
             str(bundles),
             "--port",
@@ -77,14 +79,16 @@ def serve(
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
     ready_path: str = "/classify",
+    module: str = "bertserve.service",
 ) -> Iterator[Server]:
     """Run server `name` until the block ends; ready once POST `ready_path` answers 200.
-    `cwd`: the source tree to run (`python -m` imports from the working directory first)."""
+    `cwd`: the source tree to run (`python -m` imports from the working directory first);
+    `module`: ours, as that tree names it."""
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            command(name, bundles, bundle, port),
+            command(name, bundles, bundle, port, module),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -1,7 +1,7 @@
 """The `bertserve` command: one entry point for serving, exporting, training and measuring.
 
 Each subcommand hands its arguments to the module that implements it (`bertserve.service`,
-`bertserve.export`, `bertserve.model.training`, `bench.run`), which also run on their own with
+`bertserve.export`, `bertserve.model.training`, `bench`), which also run on their own with
 `python -m`. Modules are imported only when their command runs, so a serving install without
 torch still serves, and a command whose extra is missing says which one in one line.
 """
@@ -9,9 +9,11 @@ torch still serves, and a command whose extra is missing says which one in one l
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ COMMANDS: dict[str, Command] = {
         "score a bundle through the service's code",
         "train",
     ),
-    "bench": Command("bench.run", (), "throughput and latency against peers (a checkout)", "bench"),
+    "bench": Command("bench.__main__", (), "measure: `bertserve bench MODE` (a checkout)", "bench"),
 }
 
 USAGE = """usage: bertserve COMMAND [ARGS] (bertserve COMMAND --help for its options and examples)
@@ -105,6 +107,8 @@ def usage() -> str:
 
 
 def _runner(command: Command, name: str) -> Callable[..., int | None]:
+    if name == "bench" and Path("bench", "__main__.py").is_file():
+        sys.path.insert(0, os.getcwd())  # bench/ is a checkout's, not installed: run from its root
     try:
         module = importlib.import_module(command.module)
     except ModuleNotFoundError as exc:

@@ -280,7 +280,7 @@ def nf4_embeddings(src: Path, dst: Path) -> None:
     their scales and unpacks just those (a Gather of each byte's two levels, a Mul by the
     scales): the table stays 4-bit in memory too, and each call unpacks batch x length x hidden
     values (6% of a 2 x 192 student's time, 1-2% of a MiniLM's, in batch-by-batch A/Bs as a
-    worker runs them: `python -m bench.graph_ab`). Where a tied MLM decoder reads it as well,
+    worker runs them: `bertserve bench graph-ab`). Where a tied MLM decoder reads it as well,
     the same nodes unpack the whole table from constants, which ONNX Runtime folds back to the
     float32 table when it loads the graph.
     Either way the values are the same float32 products, so the answers are too."""

@@ -22,11 +22,12 @@ the loop itself dies it is restarted and readiness is false until it is.
 
 A lone request, one row with nothing queued behind it and no other request in flight in any
 process on these cores (`Activity`), runs alone: on the backend's lone session, which has every core
-(runtime.engine). A lone call that costs little runs on the event loop's own thread, since
-handing a 3 ms call to the model's thread and its answer back cost 0.38 ms at the median
-(docs/performance.md); the loop waits for that one call, so only a call measured to take at
-most `LoneCost.INLINE_S` does (a heavy one on the loop held /health/live for 600 ms). A heavier
-lone call goes to the model's thread, still on the lone session. Everything else runs as above.
+(runtime.engine). A lone call that costs little runs on the event loop's own thread, since handing a
+short call to the model's thread and its answer back costs a large share of the call
+(docs/performance.md#what-limits-it); the loop waits for that one call, so only a call measured to
+take at most `LoneCost.INLINE_S` does (a heavy one on the loop held /health/live for 600 ms). A
+heavier lone call goes to the model's thread, still on the lone session. Everything else runs as
+above.
 """
 
 from __future__ import annotations

@@ -55,9 +55,10 @@ class EngineOptions:
     gpu_mem_limit: int = 0  # bytes for ORT's arena; 0: no limit
     arena_extend_strategy: str = "kNextPowerOfTwo"  # or kSameAsRequested
     cudnn_conv_algo_search: str = "EXHAUSTIVE"  # HEURISTIC, DEFAULT
-    # The CPU memory arena (docs/deploy.md, "Memory"; measured by bench.arena): "shrink" keeps
-    # it for calls up to SHRINK_AFTER x the warm-up's and gives back what a larger call grew;
-    # "arena" keeps every high-water mark; "no-arena" allocates each tensor from the system.
+    # The CPU memory arena (docs/deploy.md#memory; measured by `bertserve bench arena`):
+    # "shrink" keeps it for calls up to SHRINK_AFTER x the warm-up's and gives back what a
+    # larger call grew; "arena" keeps every high-water mark; "no-arena" allocates each tensor
+    # from the system.
     cpu_arena: str = "shrink"
     # TF32 off: fp32 answers then match the CPU's within the export's 1e-4 (on, they differ by
     # about 1e-3). Speed on a GPU comes from fp16 bundles, not from TF32.

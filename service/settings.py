@@ -141,7 +141,7 @@ class Settings(BaseSettings):
         "shrink",
         description="ONNX Runtime's CPU memory arena: 'shrink' gives back what a call larger "
         "than the warm-up's grew it by; 'arena' keeps every high-water mark; 'no-arena' "
-        "allocates from the system (docs/deploy.md, Memory)",
+        "allocates from the system (docs/deploy.md#memory)",
     )
     cudnn_conv_algo_search: Literal["EXHAUSTIVE", "HEURISTIC", "DEFAULT"] = Field(
         "EXHAUSTIVE", description="cuDNN's convolution algorithm search on CUDA"
@@ -153,7 +153,7 @@ class Settings(BaseSettings):
         0, ge=0, description="ONNX Runtime threads a process; 0: its share of the cores"
     )
     # Off, unlike ORT's default: the event loop shares the cores with ORT's threads, and threads
-    # spinning between calls starve it (2x lower throughput on a busy 2-core machine, measured).
+    # spinning between calls starve it (lower throughput on a busy machine).
     intra_op_spinning: bool = Field(
         False, description="let ONNX Runtime's threads busy-wait for work between calls"
     )
@@ -163,8 +163,8 @@ class Settings(BaseSettings):
         "ends",
     )
     # A lone request on a worker's one thread took 1.4x (MiniLM) the time of a plain server's
-    # call on both cores (docs/performance.md, "A lone request"); a second session of each
-    # model gives it every core, for the memory that session holds (docs/deploy.md, "Memory").
+    # call on both cores (docs/performance.md#what-limits-it); a second session of each
+    # model gives it every core, for the memory that session holds (docs/deploy.md#memory).
     lone_threads: int = Field(
         0,
         ge=0,
@@ -173,7 +173,7 @@ class Settings(BaseSettings):
         "on the CPU; "
         "0: the threads of all workers together (workers x intra_op_threads: every core by "
         "default); 1 (or no more than intra_op_threads): no second session, and its memory "
-        "saved (docs/deploy.md, Memory)",
+        "saved (docs/deploy.md#memory)",
     )
     failed_batches_fatal: int = Field(
         3,
@@ -230,11 +230,11 @@ class Settings(BaseSettings):
         description="a request's deadline, post-processing included: 504 past it (a client that "
         "left is logged 499)",
     )
-    # What bounds an admitted request's time under overload: an event loop busy refusing a
-    # flood completes about 500 requests a second, so at 256 in flight (the old default) the
-    # served took 0.45-0.49 s at the median and 1-2.3% of answers came after 1 s; at 64,
-    # 0.11-0.13 s and 0.07-0.36%, with as many served (docs/performance.md). The
-    # benches saturate the students with 16 connections a process, well inside it.
+    # What bounds an admitted request's time under overload: an event loop busy refusing a flood
+    # completes about 500 requests a second, so at 256 in flight (the old default) the served took
+    # 0.45-0.49 s at the median and 1-2.3% of answers came after 1 s; at 64, 0.11-0.13 s and
+    # 0.07-0.36%, with as many served (docs/performance.md#choices-and-the-measurement-behind-each).
+    # The benches saturate the students with 16 connections a process, well inside it.
     max_in_flight: int = Field(
         64,
         ge=1,
@@ -308,8 +308,8 @@ class Settings(BaseSettings):
         30.0, gt=0, description="and its body within this; past either, 408 and close"
     )
     # uvicorn's default is 5 s. A client that reuses a connection in the instant the server
-    # closes it for idleness has its request reset, unanswered (16-36 resets in a 30 s flood,
-    # every one on a connection reused after 4.5-5.5 s idle): the server's idle timeout must
+    # closes it for idleness has its request reset, unanswered (seen in floods, every reset on
+    # a connection reused after about 5 s idle): the server's idle timeout must
     # be longer than its clients' and proxies' (nginx's default is 75 s; AWS ALB idles 60 s).
     keep_alive_s: float = Field(
         75.0,

@@ -2,7 +2,7 @@
 `python tools/docs.py` rewrites them, `python tools/docs.py --check` fails if one is stale
 (tests/test_docs_house.py runs the check).
 
-- docs/api.md, Settings: the table of every setting, from bertserve.service.settings' fields.
+- docs/api.md#settings: the table of every setting, from bertserve.service.settings' fields.
 """
 
 from __future__ import annotations

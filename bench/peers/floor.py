@@ -4,8 +4,8 @@ answering every POST with a constant /classify answer. No framework, no model, n
     python -m bench.peers.floor --bundle bundles/sst2-distilled-2x192 --port 8130
 
 What this costs a request (the loop's CPU, the client's, the kernel's) is what any Python server
-on uvicorn pays before it does anything; `bench.cpu_split` measures it beside bertserve. Not a
-peer in `make bench`: it serves no model.
+on uvicorn pays before it does anything; `bertserve bench cpu-split` measures it beside
+bertserve. Not a peer in `make bench`: it serves no model.
 """
 
 from __future__ import annotations

@@ -367,7 +367,7 @@ def evaluate(task: str, bundle: Path, data_dir: Path) -> dict[str, Any]:
 
 
 # The instruction sets that choose ONNX Runtime's int8 and float kernels on x86-64: an int8
-# model's answers differ with them in the third decimal (docs/model-card.md, "Across CPUs").
+# model's answers differ with them in the third decimal (docs/model-card.md#across-cpus).
 KERNEL_FEATURES = (
     "avx2",
     "fma",

@@ -161,7 +161,7 @@ def test_graph_ab_swaps_the_order_every_batch_and_takes_two_graphs_only(monkeypa
     follows the other: with three, the middle one always did, and measured 0.84x for it."""
     import sys
 
-    from bench import graph_ab
+    from bench.experiments import graph_ab
 
     calls: list[tuple[int, int]] = []
 
@@ -271,12 +271,13 @@ time.sleep(30)
 
 
 def test_cpu_split_counts_a_process_main_thread_apart_from_its_other_threads():
-    """bench.cpu_split's roles: a lone process's main thread is its event loop, the rest its
-    model threads; the counts come from /proc, so what the threads burned is what is read."""
+    """bench.experiments.cpu_split's roles: a lone process's main thread is its event loop, the
+    rest its model threads; the counts come from /proc, so what the threads burned is what is
+    read."""
     import subprocess
     import sys
 
-    from bench.cpu_split import batch_rows, threads_cpu
+    from bench.experiments.cpu_split import batch_rows, threads_cpu
 
     proc = subprocess.Popen(
         [sys.executable, "-c", BURN], stdout=subprocess.PIPE, start_new_session=True, text=True
@@ -304,7 +305,7 @@ def test_cpu_split_refuses_a_ceiling_for_another_endpoint(monkeypatch, capsys):
     a QA server with a classifier's ceiling, so the arguments are refused before anything runs."""
     import sys
 
-    from bench import cpu_split
+    from bench.experiments import cpu_split
 
     monkeypatch.setattr(sys, "argv", ["cpu_split", "--endpoint", "qa", "--ceiling"])
     with pytest.raises(SystemExit) as exc:
@@ -315,8 +316,8 @@ def test_cpu_split_refuses_a_ceiling_for_another_endpoint(monkeypatch, capsys):
 
 @pytest.mark.parametrize("spin", [False, True])
 def test_idle_gap_times_the_call_and_not_the_gap_before_it(spin):
-    """bench.idle_gap's cells differ only in the idle time before each call: that time (slept or
-    spun) must stay out of the median, or every gapped cell would read gap + call."""
+    """bench.experiments.idle_gap's cells differ only in the idle time before each call: that
+    time (slept or spun) must stay out of the median, or every gapped cell would read gap + call."""
     import time
 
     from bench.ceiling import call_ms

@@ -59,7 +59,7 @@ def test_the_gpu_check_needs_no_torch():
 
     code = (
         "import sys; sys.modules['torch'] = None; "
-        "import bench.gpu_check, export.variants; print('ok')"
+        "import bench.gpu_check, bertserve.export.variants; print('ok')"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.strip() == "ok", done.stderr

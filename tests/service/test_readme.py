@@ -89,7 +89,7 @@ def matches(printed: tuple[str, str], got: tuple[str, Any], slack: float = 0.0) 
 # int8 matrix kernels differ by CPU features (AVX2, AVX-512, VNNI), and so does an int8 model's
 # answer in the third decimal. Measured: an AVX2 EPYC without VNNI answered 0.9958 where an
 # AVX-512 VNNI Xeon answers 0.9964 (sst2-distilled-2x192), and 0.9958 against 0.995
-# (conll-minilm): 8e-4 at most; allowed 2.5 times that (docs/model-card.md, "Across CPUs").
+# (conll-minilm): 8e-4 at most; allowed 2.5 times that (docs/model-card.md#across-cpus).
 INT8_ACROSS_CPUS = 2e-3
 
 

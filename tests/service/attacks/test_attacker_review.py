@@ -1,6 +1,6 @@
 """The adversarial review of `make serve` with an API key set, finding by finding: each attack
 is reproduced over real HTTP against the real engine, and each test asserts the bound that
-answers it (docs/security.md, "The bounds, measured"). All but the two `targets` limits, which
+answers it (docs/security.md#the-bounds-measured). All but the two `targets` limits, which
 already held, fail on the code the review ran (6a01d94)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The second adversarial review (issue: "No way to take the service down"), finding by finding:
 each attack is reproduced over real HTTP against the real engine, and each test asserts the
-bound that answers it (docs/security.md, "Second review"). Each fails on the code the review
+bound that answers it (docs/security.md#second-review). Each fails on the code the review
 ran (4942628)."""
 
 from __future__ import annotations

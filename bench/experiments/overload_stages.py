@@ -2,7 +2,7 @@
 reliability` (5x the measured saturation, open loop), then the server's own histograms, scraped
 from /metrics before and after the flood, beside the client's latencies.
 
-    python -m bench.overload_stages --seconds 30 BERTSERVE_MAX_QUEUE_TIME_MS=0
+    bertserve bench overload-stages --seconds 30 BERTSERVE_MAX_QUEUE_TIME_MS=0
 
 Arguments of the form NAME=VALUE are set in the server's environment. Prints one JSON line (the
 client's view) and one line a histogram: the end-to-end request duration the server measured
@@ -24,7 +24,7 @@ from bench.inputs import write_bodies
 from bench.reliability import PORT, overload
 from bench.servers import OURS, only_bundles, serve
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HISTOGRAMS = (
     ("bertserve_request_duration_seconds", {"endpoint": "/classify"}),
     ("bertserve_stage_duration_seconds", {"endpoint": "/classify", "stage": "queue"}),

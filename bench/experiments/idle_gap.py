@@ -1,6 +1,6 @@
 """One raw batch-1 call of a /classify bundle, back to back and after an idle gap.
 
-    python -m bench.idle_gap --bundle bundles/sst2-minilm --gaps 1,3,10 --rounds 3
+    bertserve bench idle-gap --bundle bundles/sst2-minilm --gaps 1,3,10 --rounds 3
 
 The lone-request target compares a request's p50 with one raw call timed back to back. A lone
 request's call never runs back to back: its worker's model thread waits through the client's
@@ -21,7 +21,7 @@ from pathlib import Path
 from bench.ceiling import call_ms, classify_rows, load, single_feeds
 from bench.inputs import write_bodies
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:

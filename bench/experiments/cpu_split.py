@@ -2,8 +2,8 @@
 their model threads, the supervisor, the load generator and the kernel, from /proc, for
 bertserve and for the HTTP floor (uvicorn answering a constant, `bench.peers.floor`).
 
-    python -m bench.cpu_split --bundle sst2-distilled-2x192 --levels 32,64 --rounds 2
-    python -m bench.cpu_split --endpoint qa --bundles runs/ab/bundles-v2 --bundle squad-qa \
+    bertserve bench cpu-split --bundle sst2-distilled-2x192 --levels 32,64 --rounds 2
+    bertserve bench cpu-split --endpoint qa --bundles runs/ab/bundles-v2 --bundle squad-qa \
         --beside sst2-classify --arms bertserve
 
 Another endpoint than /classify serves its bundle with a classify bundle beside it (`--beside`:
@@ -30,7 +30,7 @@ from bench.inputs import write_bodies
 from bench.loadgen import closed_loop
 from bench.servers import OURS, only_bundles, serve
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PORT = 8131
 TICK = os.sysconf("SC_CLK_TCK")
 

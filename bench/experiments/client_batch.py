@@ -3,8 +3,8 @@ connections, as sequences/s against the raw ONNX Runtime ceiling of the same bun
 sentences, both measured in this run (the ceiling first, then the server, nothing else running),
 and the statuses: a client batch should queue, not be refused.
 
-    python -m bench.client_batch --bundle bundles/sst2-distilled-2x192 --data ../shared/data
-    python -m bench.client_batch --endpoint embed --bundle bundles/minilm-embed \
+    bertserve bench client-batch --bundle bundles/sst2-distilled-2x192 --data ../shared/data
+    bertserve bench client-batch --endpoint embed --bundle bundles/minilm-embed \
         --batch 32 --connections 16 --seconds 20          # an indexer
 
 The throughput issue's target is 90% of the ceiling at 16 inputs x 8 connections; the indexer's

@@ -1,7 +1,7 @@
 """A lone request: bertserve's p50 at one connection against the FastAPI + ONNX Runtime peer on
 the same bundle, and its throughput at 32 connections, in alternating rounds.
 
-    python -m bench.lone --bundle sst2-distilled-2x192 [--arms bertserve,fastapi-ort]
+    bertserve bench lone --bundle sst2-distilled-2x192 [--arms bertserve,fastapi-ort]
         [--rounds 3] [--seconds 6] [--levels 1,32] [--env ARM:KEY=VALUE,...]
 
 An arm is a server: `bertserve` (its default settings), a peer of bench/peers, or a bertserve
@@ -23,7 +23,7 @@ from bench.inputs import write_bodies
 from bench.loadgen import closed_loop
 from bench.servers import OURS, only_bundles, serve
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PORT = 8131
 PEER = "fastapi-ort"
 
@@ -69,7 +69,7 @@ def main() -> None:
         return statistics.median(x[i] for x in results[(arm, level)])
 
     lines = [
-        f"`python -m bench.lone --bundle {args.bundle} --rounds {args.rounds} "
+        f"`bertserve bench lone --bundle {args.bundle} --rounds {args.rounds} "
         f"--seconds {args.seconds:g}` ({', '.join(arms)}); medians over rounds.",
         "",
         "| arm | "

@@ -2,7 +2,7 @@
 ONNX Runtime sessions (the default, the CPU topology) against front-end workers feeding one
 engine process (`BERTSERVE_ENGINE_PROCESS`, the GPU topology; service.process.engine_server).
 
-    python -m bench.topology --bundle sst2-minilm --rounds 2
+    bertserve bench topology --bundle sst2-minilm --rounds 2
 
 Each round serves the bundle both ways, alternating which goes first, and drives /classify
 closed-loop with wrk at each concurrency (single inputs); it also records the resident memory of
@@ -23,7 +23,7 @@ from bench.inputs import write_bodies
 from bench.loadgen import closed_loop
 from bench.servers import OURS, only_bundles, serve
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PORT = 8127
 ARMS = {"workers": {}, "engine": {"BERTSERVE_ENGINE_PROCESS": "true"}}
 

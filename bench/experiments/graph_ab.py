@@ -1,7 +1,7 @@
 """Two bundles' graphs against each other, batch by batch in one process: is the new one
 faster, and by how much.
 
-    python -m bench.graph_ab --data ../shared/data --bundles OLD,NEW [--threads 1] [--passes 8]
+    bertserve bench graph-ab --data ../shared/data --bundles OLD,NEW [--threads 1] [--passes 8]
 
 Both bundles get the same length-sorted batches of real inputs (bench.models' inputs for the
 first bundle's task), and each batch runs on both, the order swapped every batch, so both see

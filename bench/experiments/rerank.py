@@ -2,8 +2,8 @@
 around sentence-transformers' CrossEncoder on the same checkpoint, bench/peers/cross_encoder.py),
 same bodies, alternating which goes first each round, at each level of connections.
 
-    python -m bench.rerank --bundle bundles/rerank-minilm --data ../shared/data/squad-v1.1 \
-        --levels 1,8 --rounds 2 --report docs/rerank-bench.md
+    bertserve bench rerank --bundle bundles/rerank-minilm --data ../shared/data/squad-v1.1 \
+        --levels 1,8 --rounds 2 --report docs/reports/rerank-bench.md
 
 A body is one SQuAD v1.1 dev question with 20 paragraphs of its article (about 150 tokens
 each), `truncate` on: what a RAG pipeline sends after retrieval.
@@ -110,7 +110,7 @@ def main() -> None:
             "# Rerank: bertserve against a CrossEncoder server",
             "",
             f"Measured on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()} "
-            f"with {os.cpu_count()} cores, with `python -m bench.rerank --bundle "
+            f"with {os.cpu_count()} cores, with `bertserve bench rerank --bundle "
             f"{args.bundle} --levels {args.levels} --rounds {args.rounds} --seconds "
             f"{args.seconds:g}`. A request: one SQuAD dev question and 20 paragraphs of its "
             "article. The peer: FastAPI around sentence-transformers' CrossEncoder on the "

@@ -6,7 +6,7 @@ batch-1 calls again. It reports resident memory (warm, after the large call, aft
 calls once more) and the batch-1 call's median, so a setting that gives memory back is weighed
 against what it costs the common call. Variants alternate over rounds, on one thread.
 
-    python -m bench.arena --bundle bundles/squad-minilm --rounds 2
+    bertserve bench arena --bundle bundles/squad-minilm --rounds 2
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
                 [
                     sys.executable,
                     "-m",
-                    "bench.arena",
+                    "bench.experiments.arena",
                     "--bundle",
                     str(args.bundle),
                     "--max-tokens",
