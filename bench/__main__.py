@@ -35,9 +35,9 @@ MODES: dict[str, Mode] = {
     "gpu-check": Mode("bench.gpu_check", "the GPU serving check (bench/gpu_check.sh)"),
     "models": Mode("bench.models", "raw ONNX Runtime throughput of several bundles"),
     "ceiling": Mode("bench.ceiling", "the raw ceiling of one bundle, no HTTP"),
-    "report": Mode("bench.report", "docs/benchmarks.md again from runs/bench/results.json"),
+    "report": Mode("bench.report", "docs/reports/benchmarks.md again from runs/bench/results.json"),
     "reliability-report": Mode(
-        "bench.reliability_report", "docs/reliability.md again from its results"
+        "bench.reliability_report", "docs/reports/reliability.md again from its results"
     ),
     "inputs": Mode("bench.inputs", "write the request bodies the modes send"),
     # one-question experiments

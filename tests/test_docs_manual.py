@@ -38,7 +38,7 @@ def test_every_cited_doc_anchor_resolves():
     for path in tracked():
         if not path.is_file():
             continue
-        for m in re.finditer(r"docs/([\w/.-]+\.md)#([\w-]+)", path.read_text(encoding="utf-8")):
+        for m in re.finditer(r"docs/(\w[\w/.-]*\.md)#([\w-]+)", path.read_text(encoding="utf-8")):
             doc = ROOT / "docs" / m.group(1)
             if not doc.is_file() or m.group(2) not in anchors(doc):
                 broken.append(f"{path.relative_to(ROOT)}: {m.group(0)}")
@@ -50,7 +50,9 @@ def test_every_cited_doc_exists():
     for path in tracked():
         if not path.is_file():
             continue
-        for m in re.finditer(r"(?<![\w/.])docs/([\w/.-]+\.md)\b", path.read_text(encoding="utf-8")):
+        for m in re.finditer(
+            r"(?<![\w/.])docs/(\w[\w/.-]*\.md)\b", path.read_text(encoding="utf-8")
+        ):
             if not (ROOT / "docs" / m.group(1)).is_file():
                 missing.append(f"{path.relative_to(ROOT)}: {m.group(0)}")
     assert not missing, "\n".join(missing)
