@@ -395,7 +395,7 @@ def main() -> None:
     parser.add_argument("--ner-bundle", default="conll-distilled-3x192", help="for /ner bodies")
     parser.add_argument("--overload-seconds", type=float, default=60)
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench")
-    parser.add_argument("--report", type=Path, default=ROOT / "docs" / "reliability.md")
+    parser.add_argument("--report", type=Path, default=ROOT / "docs" / "reports" / "reliability.md")
     args = parser.parse_args()
     import logging
 

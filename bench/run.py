@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     parser.add_argument("--levels", default="1,8,32,64")
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench")
-    parser.add_argument("--report", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    parser.add_argument("--report", type=Path, default=ROOT / "docs" / "reports" / "benchmarks.md")
     args = parser.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",")]
     started = time.time()

@@ -22,11 +22,11 @@ PEERS = {
     "fastapi-ort": "bench.peers.ort_plain",
     "litserve": "bench.peers.litserve_peer",
     "ray-serve": "bench.peers.ray_peer",
-    "cross-encoder": "bench.peers.cross_encoder",  # the rerank peer (bench.experiments.rerank)
 }
 OURS = "bertserve"
-# Servers a bench runs beside bertserve that are not peers (they serve no model).
-PROBES = {"http-floor": "bench.peers.floor"}
+# Servers a bench runs beside bertserve that are not /classify peers: the rerank peer
+# (bench.experiments.rerank) and a floor that serves no model.
+PROBES = {"cross-encoder": "bench.peers.cross_encoder", "http-floor": "bench.peers.floor"}
 
 
 @dataclass

@@ -102,3 +102,15 @@ def test_makefile_bench_targets_call_a_mode_with_flags_it_takes(target, capsys):
         help_text = capsys.readouterr().out
         for flag in (a.split("=")[0] for a in call[3:] if a.startswith("--")):
             assert flag in help_text, f"make {target}: {mode} takes no {flag}"
+
+
+def test_make_bench_drives_only_the_classify_peers():
+    """`make bench` drives every server of PEERS on /classify: the rerank peer there broke it
+    (its start-up never answered /classify). The /classify peers are the ones bench/peers'
+    docstring lists."""
+    import bench.peers
+    from bench.servers import PEERS, PROBES
+
+    listed = set(re.findall(r"- `(\w+)`:", bench.peers.__doc__ or ""))
+    assert {module.rsplit(".", 1)[1] for module in PEERS.values()} == listed
+    assert "cross-encoder" in PROBES
