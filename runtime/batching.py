@@ -165,7 +165,7 @@ class LoneCost:
     (each slot is a vocabulary-wide product that the token rate does not see: 126 of them took
     400-700 ms), or before anything is measured, goes to the model's thread."""
 
-    INLINE_S = 0.01  # a fifth of the 50 ms liveness bound (docs/architecture.md)
+    INLINE_S = 0.01  # a fifth of the 50 ms liveness bound (docs/security.md#what-the-defaults-are)
     DECAY = 0.95
 
     def __init__(self) -> None:

@@ -220,7 +220,7 @@ class ServiceState:
         # What start-up made (modules, models, tokenizers) lives as long as the process: move it
         # out of the collector's sight. Otherwise each full collection walks all of it, finding
         # next to nothing, and under a flood they came every few seconds and held the event loop
-        # up to 122 ms each (docs/performance.md).
+        # (docs/performance.md#choices-and-the-measurement-behind-each).
         gc.collect()
         gc.freeze()
         self.warmed = True

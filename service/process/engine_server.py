@@ -119,8 +119,8 @@ class ModelRunner:
         self.observe = observe  # (parts, rows) of each call, for the metrics
         self._held: _Job | None = None  # taken from the queue but past the last call's limits
         self.call_started: float | None = None  # monotonic start of the call running, if any
-        # Answers are packed and written by a second thread, while the next call runs (the
-        # model's thread spent 19% of its time writing them: a profile, docs/performance.md).
+        # Answers are packed and written by a second thread, while the next call runs (a
+        # profile found the model's thread spending a good part of its time writing them).
         self._replies: queue.SimpleQueue[tuple[Connection, bytes]] = queue.SimpleQueue()
         for target, name in ((self._loop, "engine"), (self._reply, "engine-replies")):
             threading.Thread(target=target, name=f"{name}-{spec.name}", daemon=True).start()
