@@ -19,7 +19,6 @@ from typing import Any
 
 from bertserve.export.graph import (
     OPSET,
-    TASK_SPECS,
     TaskGraph,
     export_onnx,
     graph_io,
@@ -58,6 +57,7 @@ from bertserve.runtime.bundle import (
     check_model_file,
     load_bundle_spec,
 )
+from bertserve.runtime.capabilities import CAPABILITIES
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def torch_parity(
 
 def head_labels(config: Any, tasks: list[str]) -> list[str] | None:
     """The labels of a classifying or tagging head, in id order (None for other tasks)."""
-    if not any(TASK_SPECS[t].labelled for t in tasks):
+    if not any(CAPABILITIES[t].labelled for t in tasks):
         return None
     if config.id2label is None:
         raise ValueError(f"a {'/'.join(tasks)} head needs id2label in the checkpoint's config")

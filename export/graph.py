@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import warnings
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +28,6 @@ log = logging.getLogger(__name__)
 OPSET = 17
 
 
-@dataclass(frozen=True)
-class TaskSpec:
-    architecture: str  # the model class that carries the head
-    head_keys: tuple[str, ...]  # checkpoint keys the head needs
-    outputs: dict[str, str]  # graph output -> its axes (bundle.json "output_axes")
-    labelled: bool = False  # needs id2label (bundle.json "labels")
-
-
 # The head wiring, the export's own part of a capability: the checkpoint keys its head needs.
 # What each capability exports (architecture, outputs, labels) is the runtime's table.
 HEAD_KEYS: dict[str, tuple[str, ...]] = {
@@ -48,11 +39,7 @@ HEAD_KEYS: dict[str, tuple[str, ...]] = {
     "embed": (),
     "rerank": ("classifier.weight",),
 }
-TASK_SPECS = {
-    name: TaskSpec(c.architecture, HEAD_KEYS[name], c.outputs, c.labelled)
-    for name, c in CAPABILITIES.items()
-}
-TASKS = tuple(TASK_SPECS)
+TASKS = tuple(CAPABILITIES)
 # Dynamic axes of the exported graph, by an output's kind.
 DYNAMIC_AXES = {
     "sequence": {0: "batch"},
@@ -105,16 +92,15 @@ def resolve_tasks(
 ) -> list[str]:
     """The tasks a bundle will declare: those asked for, plus NSP / fill-mask alongside each other
     when the checkpoint carries both pre-training heads. Fails if a head is missing."""
-    unknown = [t for t in requested if t not in TASK_SPECS]
+    unknown = [t for t in requested if t not in CAPABILITIES]
     if unknown:
         raise ExportError(f"unknown task {unknown[0]!r}; tasks are {', '.join(TASKS)}")
     tasks = list(dict.fromkeys(requested))
     for task in tasks:
-        spec = TASK_SPECS[task]
-        missing = [k for k in spec.head_keys if k not in checkpoint_keys]
+        missing = [k for k in HEAD_KEYS[task] if k not in checkpoint_keys]
         if missing:
             raise ExportError(f"the checkpoint has no {task} head (no {missing[0]})")
-    architectures = {TASK_SPECS[t].architecture for t in tasks}
+    architectures = {CAPABILITIES[t].architecture for t in tasks}
     if len(architectures) > 1 and not architectures <= PRETRAINING:
         raise ExportError(
             f"tasks {tasks} need different heads ({sorted(architectures)}): "
@@ -129,9 +115,7 @@ def resolve_tasks(
         raise ExportError(f"the checkpoint is a {architecture}, not a {architectures.pop()}")
     if architectures & PRETRAINING:
         for extra in ("fill-mask", "nsp"):
-            if extra not in tasks and all(
-                k in checkpoint_keys for k in TASK_SPECS[extra].head_keys
-            ):
+            if extra not in tasks and all(k in checkpoint_keys for k in HEAD_KEYS[extra]):
                 tasks.append(extra)
     return [t for t in TASKS if t in tasks]
 
@@ -142,11 +126,11 @@ PRETRAINING = {"BertForMaskedLM", "BertForPreTraining"}
 
 def task_architecture(tasks: list[str]) -> str:
     """The head class a bundle of `tasks` loads: NSP needs BERT's pre-training heads."""
-    return "BertForPreTraining" if "nsp" in tasks else TASK_SPECS[tasks[0]].architecture
+    return "BertForPreTraining" if "nsp" in tasks else CAPABILITIES[tasks[0]].architecture
 
 
 def output_axes(tasks: list[str]) -> dict[str, str]:
-    return {name: kind for t in tasks for name, kind in TASK_SPECS[t].outputs.items()}
+    return {name: kind for t in tasks for name, kind in CAPABILITIES[t].outputs.items()}
 
 
 def graph_io(tasks: list[str], segments: bool = True) -> tuple[list[str], list[str]]:

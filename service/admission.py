@@ -21,12 +21,10 @@ CLOSE = {"Connection": "close"}  # a refusal that also ends the connection
 
 
 class Admission:
-    """The refusals that depend only on the settings, built once (and encoded once by the
-    protocol), and the decision."""
+    """The refusals that depend only on the settings, built once, and the decision."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = limits = settings
-        # The refusals that depend only on the settings: one instance each, encoded once.
         self._draining = Unavailable("the service is shutting down; retry", CLOSE, retry_after_s=1)
         self.crowded = NotReady(
             f"{limits.max_in_flight} requests in flight (the limit); retry shortly",

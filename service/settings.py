@@ -153,7 +153,8 @@ class Settings(BaseSettings):
         0, ge=0, description="ONNX Runtime threads a process; 0: its share of the cores"
     )
     # Off, unlike ORT's default: the event loop shares the cores with ORT's threads, and threads
-    # spinning between calls starve it (lower throughput on a busy machine).
+    # spinning between calls starve it
+    # (docs/performance.md#choices-and-the-measurement-behind-each).
     intra_op_spinning: bool = Field(
         False, description="let ONNX Runtime's threads busy-wait for work between calls"
     )
@@ -307,9 +308,9 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(
         30.0, gt=0, description="and its body within this; past either, 408 and close"
     )
-    # uvicorn's default is 5 s. A client that reuses a connection in the instant the server
-    # closes it for idleness has its request reset, unanswered (seen in floods, every reset on
-    # a connection reused after about 5 s idle): the server's idle timeout must
+    # uvicorn's default is 5 s. A client that reuses a connection in the instant the server closes
+    # it for idleness has its request reset, unanswered (the overload runs' resets,
+    # docs/performance.md#choices-and-the-measurement-behind-each): the server's idle timeout must
     # be longer than its clients' and proxies' (nginx's default is 75 s; AWS ALB idles 60 s).
     keep_alive_s: float = Field(
         75.0,

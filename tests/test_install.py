@@ -49,12 +49,6 @@ def test_from_outside_the_checkout_only_bertserve_imports(tmp_path):
     assert run.stdout.strip() == "[]"
 
 
-def test_the_shipped_recipes_are_installed_data():
-    from bertserve.model.training import recipe
-
-    assert (Path(recipe.__file__).parent / "recipes" / "cpu.toml").is_file()
-
-
 def test_no_folder_holds_more_than_fifteen_modules_flat():
     crowded = {}
     for top in (*FOLDERS, "bench", "tests"):

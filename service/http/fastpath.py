@@ -3,11 +3,11 @@ it: a JSON body, at most a `model` query parameter.
 
 FastAPI's routing, dependency solving and body handling were a large share of the event loop's time
 per request at saturation, and the event loop is what limits the service
-(docs/performance.md#what-limits-it). This adapter decodes the JSON itself and calls the same
-`handle` as the FastAPI routes, so answers, errors and their messages are the same
-(tests/service/test_behaviour.py compares the two paths); anything unusual (another content type, an
-empty body or one that is not JSON, other query parameters) goes on to FastAPI unchanged. The API
-key was checked before the body was read, by the outermost middleware, for both paths alike.
+(docs/performance.md#choices-and-the-measurement-behind-each). This adapter decodes the JSON itself
+and calls the same `handle` as the FastAPI routes, so answers, errors and their messages are the
+same (tests/service/test_behaviour.py compares the two paths); anything unusual (another content
+type, an empty body or one that is not JSON, other query parameters) goes on to FastAPI unchanged.
+The API key was checked before the body was read, by the outermost middleware, for both paths alike.
 """
 
 from __future__ import annotations

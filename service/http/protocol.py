@@ -16,7 +16,7 @@ task (so they cost a few microseconds, not a request's worth of Python):
   take the connections keyed clients need;
 - the gate (`ServiceState.admit`, decided once a request, here and nowhere else): while the
   service drains, or when it is past its in-flight or connection cap, or every model for the
-  path has a full queue, the request is answered here with a pre-encoded 503/429 and
+  path has a full queue, the request is answered here, without the app, with a 503/429 and
   `Retry-After` once its bytes are in, and its body is dropped unread into the parser; an
   admitted one takes its in-flight slot here once its body is complete (service.state.Slot),
   so a burst read in one loop turn cannot pass the cap, and a body that trickles in holds no
@@ -46,7 +46,6 @@ from bertserve.service.http.asgi import ADMITTED, CONNECTION_LOST, SAFE_ID
 from bertserve.service.http.auth import authorizations, authorized
 from bertserve.service.http.errors import (
     HeadersTooLarge,
-    HttpError,
     RequestError,
     RequestTimeout,
     Unavailable,
@@ -59,8 +58,8 @@ if TYPE_CHECKING:
 
 def response_parts(
     error: RequestError, request_id: bytes | None = None
-) -> tuple[list[tuple[bytes, bytes]], bytes]:
-    """A typed error's headers and body, as the app's error response has them."""
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """A typed error's status, headers and body, as the app's error response has them."""
     answer = answer_of(error)
     body = orjson.dumps({"error": error.message, "error_type": answer.error_type})
     headers = [(b"content-type", b"application/json")]
@@ -70,13 +69,16 @@ def response_parts(
     if request_id:
         headers.append((b"x-request-id", request_id))
     headers.append((b"content-length", b"%d" % len(body)))
-    return headers, body
+    return answer.status, headers, body
 
 
 def encode(error: RequestError, request_id: bytes | None = None) -> bytes:
     """A typed error as the whole HTTP/1.1 response the app would send for it."""
-    headers, body = response_parts(error, request_id)
-    status = answer_of(error).status
+    return response_bytes(*response_parts(error, request_id))
+
+
+def response_bytes(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
+    """Status line, headers and body as one HTTP/1.1 response."""
     reason = HTTPStatus(status).phrase.encode("ascii")
     lines = [b"HTTP/1.1 %d %s" % (status, reason), *(k + b": " + v for k, v in headers)]
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
@@ -90,6 +92,7 @@ def request_id_of(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     return given
 
 
+CLOSE = (b"connection", b"close")  # a refusal's header that ends its connection
 TIMEOUT_RESPONSE = encode(
     RequestTimeout("the request headers did not arrive in time", {"Connection": "close"})
 )
@@ -424,9 +427,9 @@ class GuardedProtocol(HttpToolsProtocol):
             self.refused(self._refusal_path, refusal)
         if self.transport.is_closing():
             return
-        response = encode(refusal, request_id_of(self.headers))
-        close = isinstance(refusal, HttpError) and refusal.headers.get("Connection") == "close"
-        close = close or not self.parser.should_keep_alive()
+        status, headers, body = response_parts(refusal, request_id_of(self.headers))
+        response = response_bytes(status, headers, body)
+        close = CLOSE in headers or not self.parser.should_keep_alive()
         # Held for refusal_delay also when the connection closes after it: a client that sends
         # `Connection: close` must not get its refusals faster than one that keeps it open.
         self._held = (response, close)
@@ -458,8 +461,7 @@ def refusal_app(refusal: RequestError) -> Callable[..., Any]:
     """An ASGI app that answers the gate's refusal as `encode` writes it."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Callable[..., Any]) -> None:
-        headers, body = response_parts(refusal, request_id_of(scope["headers"]))
-        status = answer_of(refusal).status
+        status, headers, body = response_parts(refusal, request_id_of(scope["headers"]))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

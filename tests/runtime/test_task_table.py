@@ -22,7 +22,7 @@ def test_every_capability_is_served_and_every_endpoint_serves_a_capability():
 
 def test_the_export_wires_a_head_for_each_capability_and_no_other():
     graph = pytest.importorskip("bertserve.export.graph")
-    assert set(graph.HEAD_KEYS) == set(CAPABILITIES) == set(graph.TASK_SPECS)
+    assert set(graph.HEAD_KEYS) == set(CAPABILITIES) == set(graph.TASKS)
     heads = pytest.importorskip("bertserve.model.heads")
     for capability in CAPABILITIES.values():
         assert capability.architecture in heads.HEADS, capability.name
