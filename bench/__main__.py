@@ -43,6 +43,10 @@ MODES: dict[str, Mode] = {
     # one-question experiments
     "arena": Mode("bench.experiments.arena", "ONNX Runtime's CPU arena vs a worker's memory"),
     "client-batch": Mode("bench.experiments.client_batch", "client batches at N connections"),
+    "clients": Mode(
+        "bench.experiments.clients",
+        "a 2,048-text request and a burst of 200, each beside its baseline",
+    ),
     "cpu-split": Mode("bench.experiments.cpu_split", "where the CPU goes per request"),
     "graph-ab": Mode("bench.experiments.graph_ab", "two bundles' graphs, batch by batch"),
     "idle-gap": Mode("bench.experiments.idle_gap", "a batch-1 call back to back vs after idle"),

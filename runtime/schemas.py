@@ -24,9 +24,15 @@ Int = Annotated[int, WHOLE]
 Text = Annotated[str, Field(min_length=1, pattern=r"\S", description="not empty or blank")]
 
 
-# Strict: a JSON value of another type is refused (no "true" for a boolean, no 1.0 for an
-# integer), so the OpenAPI document is the whole contract.
-STRICT = ConfigDict(extra="forbid", strict=True)
+# Strict types: a JSON value of another type is refused (no "true" for a boolean, no 1.0 for an
+# integer), so the OpenAPI document is the whole contract for every field it declares. Fields it
+# does not declare are ignored, as text-embeddings-inference and the Hugging Face Inference API
+# ignore them: clients send their own (langchain, haystack, litellm, huggingface_hub each add
+# some), and a 422 for a field nobody here reads breaks them for nothing. The one schema whose
+# owner refuses unknown fields, OpenAI's, refuses them too (`CLOSED`). docs/api.md#client-libraries
+# lists what each client sends, and which of it is honoured.
+STRICT = ConfigDict(extra="ignore", strict=True)
+CLOSED = ConfigDict(extra="forbid", strict=True)
 
 
 class Request(BaseModel):
@@ -37,7 +43,7 @@ class Params(BaseModel):
     """A task's options. Frozen: a request that leaves them out shares the default instance,
     which pydantic then need not deep-copy on every request (8.4 -> 1.4 us a validation)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
 
 
 class ErrorBody(BaseModel):

@@ -55,7 +55,9 @@ class Admission:
             return self._draining
         if connections > self.settings.max_connections:
             return self._connections
-        if state.in_flight >= self.settings.max_in_flight:
+        if state.in_flight - state.queued >= self.settings.max_in_flight and not (
+            state.queued < self.settings.max_queued_batches and self.may_queue(method, path)
+        ):
             return self.crowded
         if state.receiving >= self.settings.max_receiving:
             return self._receiving
@@ -70,6 +72,11 @@ class Admission:
         if busy not in self._overloaded:
             self._overloaded[busy] = Overloaded(busy, retry_after_s=1)
         return self._overloaded[busy]
+
+    def may_queue(self, method: str, path: str) -> bool:
+        """Whether a request may wait past the in-flight cap, if it is a client batch: a task's
+        (service.state.Slot)."""
+        return method == "POST" and routed(path, self.settings) is not None
 
 
 ROOT = "/"  # TEI's and Hugging Face InferenceClient's base URL: the root task's endpoint

@@ -21,7 +21,7 @@ from bertserve.runtime.tasks import Task
 from bertserve.runtime.tasks.common import checkpoint, deadline_check, unwatch, watch
 from bertserve.service.http.asgi import Gone
 from bertserve.service.http.errors import InvalidInput, TooLarge
-from bertserve.service.state import Model, ServiceState
+from bertserve.service.state import Model, ServiceState, Slot
 
 
 async def handle(
@@ -31,6 +31,8 @@ async def handle(
     model_name: str | None,
     stats: dict[str, Any],
     disconnected: Gone | None = None,
+    client: bytes = b"",
+    slot: Slot | None = None,
 ) -> Any:
     """The answer to one request, as JSON bytes; raises a RequestError (or pydantic's
     ValidationError, for a body that is not a `task.request`) for anything else. `stats`
@@ -40,12 +42,15 @@ async def handle(
     prepares and decodes on a worker thread: the event loop, which answers every other client
     and the probes, never runs one request's tokenising or decoding for long. Its deadline
     (request_timeout_s) and its client's leaving stop it between stages and inside the tasks'
-    long loops (`checkpoint`): 504 or 499, never a late 200."""
+    long loops (`checkpoint`): 504 or 499, never a late 200. `client`: the User-Agent, for a
+    task whose answer to one input some client reads differently (`Task.nests_single_for`).
+    `slot`: its place (service.state.Slot): a client batch moves to a queued place; a request
+    of one input admitted past the in-flight cap is refused."""
     settings = state.settings
     gone = disconnected.done if isinstance(disconnected, asyncio.Future) else lambda: False
     token = watch(deadline_check(time.monotonic() + settings.request_timeout_s, gone))
     try:
-        return await _handle(state, task, body, model_name, stats, disconnected)
+        return await _handle(state, task, body, model_name, stats, disconnected, client, slot)
     finally:
         unwatch(token)
 
@@ -75,13 +80,25 @@ async def _handle(
     model_name: str | None,
     stats: dict[str, Any],
     disconnected: Gone | None,
+    client: bytes,
+    slot: Slot | None,
 ) -> Any:
+    settings = state.settings
     request = body if isinstance(body, task.request) else task.request.model_validate(body)
     model = pick_model(state, task, request, model_name)
     items, single = task.inputs(request)
-    settings = state.settings
+    if single and any(name in client for name in task.nests_single_for):
+        single = False  # answered as a list of one input's answer
     if not items:
         raise InvalidInput("inputs is an empty list")
+    if slot is not None:
+        if len(items) > 1:
+            slot.batch()  # waits in the bulk lane; its in-flight slot goes to single requests
+        elif slot.queued:  # past the in-flight cap only a client batch may wait: refused as
+            # the protocol refuses at the cap, after the same delay (a client that retries at
+            # once must not make refusals most of the work)
+            await asyncio.sleep(settings.refusal_delay_ms / 1000)
+            raise state.admission.crowded
     most = settings.request_limits[task.batch_limit]
     if len(items) > most:
         raise TooLarge(
@@ -116,7 +133,8 @@ async def _run(call: Call, off_loop: bool) -> Any:
     bulk = len(call.items) > 1
     # More could never be admitted: a client batch's rows queue in the bulk lane.
     queue = settings.max_bulk_queue_rows if bulk else settings.max_queue_rows
-    limit = min(settings.request_limits[task.rows_limit], queue)
+    # A row an input at least (2,048 texts are 2,048 rows); the windows of long texts, more.
+    limit = min(max(settings.request_limits[task.rows_limit], len(call.items)), queue)
     if len(rows) > limit:  # a 100,000-token text: refused before it is queued or computed
         raise TooLarge(
             f"the input needs {len(rows)} sequences of up to {model.ctx.max_len} tokens; one "
@@ -145,7 +163,9 @@ def finish(call: Call) -> bytes:
     """Decode the model's results into the task's answers, and the answers into JSON."""
     task, model, request = call.task, call.model, call.request
     answers = task.finish(model.ctx, call.prepared, call.results, request)
-    body = orjson.dumps(task.respond(answers, call.single, request, call.rows, model.name))
+    # numpy arrays (embeddings) are written as they are: float32 in its shortest exact form.
+    answer = task.respond(answers, call.single, request, call.rows, model.name)
+    body = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
     limit = call.state.settings.max_response_bytes
     if len(body) > limit:  # a last guard: the cost check comes first
         raise TooLarge(

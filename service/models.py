@@ -79,7 +79,9 @@ def load_models(
         else:
             engine = Engine(directory, spec, settings.engine_options())
         max_rows = min(settings.max_request_rows, settings.max_queue_rows)
-        ctx = TaskContext.load(directory, spec, settings.max_text_chars, max_rows)
+        ctx = TaskContext.load(
+            directory, spec, settings.max_text_chars, max_rows, settings.auto_truncate
+        )
         batcher = Batcher(
             spec.name,
             engine,

@@ -73,6 +73,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_queue_time_ms",
         "request_timeout_s",
         "max_in_flight",
+        "max_queued_batches",
         "max_receiving",
         "refusal_delay_ms",
         "inline_cost",
@@ -85,6 +86,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_response_bytes",
         "max_fill_mask_candidates",
         "max_text_chars",
+        "auto_truncate",
     ),
     "HTTP and security": (
         "host",
@@ -243,6 +245,14 @@ class Settings(BaseSettings):
         "body); past it 503 with Retry-After, at the headers or, for a body that completes "
         "when the cap is full, then",
     )
+    max_queued_batches: int = Field(
+        512,
+        ge=0,
+        description="client batches (requests of more than one input) a process admits past "
+        "max_in_flight: they wait in the model's bulk lane, bounded by max_bulk_queue_rows and "
+        "its time bound, instead of a 503; a request of one input past max_in_flight is still "
+        "refused; 0: none",
+    )
     max_receiving: int = Field(
         256,
         ge=1,
@@ -266,24 +276,36 @@ class Settings(BaseSettings):
     )
 
     # --- limits of a request ---
-    max_client_batch: int = Field(32, ge=1, description="inputs in one request")
+    # OpenAI's limit: langchain-openai sends 1,000 texts a request by default, llama-index 100,
+    # chromadb a whole add() at once. Each input is a row of the batcher, which runs them in
+    # batches of max_batch_rows with every other client's.
+    max_client_batch: int = Field(2048, ge=1, description="inputs in one request")
     max_request_rows: int = Field(
         64,
         ge=1,
-        description="sequences one request may become (inputs x windows of long texts), or "
-        "max_queue_rows if that is lower; past it 413",
+        description="sequences one request may become (the windows of long texts), or as many "
+        "as it has inputs if that is more; at most the queue bound of its lane "
+        "(max_queue_rows for a request of one input, max_bulk_queue_rows for a client batch); "
+        "past it 413",
     )
     max_rerank_documents: int = Field(
         256, ge=1, description="documents one rerank request may rank (a row each)"
     )
-    max_body_bytes: int = Field(1_000_000, ge=1024, description="largest request body; past it 413")
-    max_response_bytes: int = Field(
-        8_000_000, ge=1024, description="largest answer; past it 413 (a last guard)"
-    )
+    # 2,048 texts of a thousand characters; text-embeddings-inference's default is 2 MB.
+    max_body_bytes: int = Field(4_000_000, ge=1024, description="largest request body; past it 413")
+    # 2,048 vectors of 1,024 floats as JSON (about 11 bytes a float): a request that would pass
+    # it is refused before its work where its size is known ahead (embeddings), else after.
+    max_response_bytes: int = Field(32_000_000, ge=1024, description="largest answer; past it 413")
     max_fill_mask_candidates: int = Field(
         1000, ge=1, description="inputs x [MASK]s x top_k one /fill-mask request may ask for"
     )
     max_text_chars: int = Field(100_000, ge=16, description="longest text accepted at all")
+    auto_truncate: bool = Field(
+        False,
+        description="cut inputs longer than the model takes, instead of a 413, where a request "
+        "does not say (`truncate` left out on /embed, /similarity, /rerank and /v1/embeddings), "
+        "as text-embeddings-inference's --auto-truncate",
+    )
 
     # --- HTTP and security ---
     host: str = Field(

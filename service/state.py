@@ -30,16 +30,25 @@ class Slot:
     it holds an in-flight slot, until it is answered or its client leaves (`release`, by the
     app). A request still sending its body holds no in-flight slot, so slow bodies cannot
     crowd out requests that can run (64 of them locked every keyed user out for 29 s); the
-    bodies arriving at once are bounded on their own (`max_receiving`), and a body that
-    completes when every in-flight slot is taken is refused then (`refused`, answered by the
-    app's BodyLimit), so the cap holds. The drain waits for both. Each step happens at most
-    once, in this order."""
+    bodies arriving at once are bounded on their own (`max_receiving`). The drain waits for
+    both. Each step happens at most once, in this order.
 
-    __slots__ = ("stage", "state")
-    RECEIVING, IN_FLIGHT, DONE, REFUSED = range(4)
+    A body that completes when every in-flight slot is taken is refused then (`refused`,
+    answered by the app's BodyLimit), so the cap holds, unless it is a task's request
+    (`may_queue`) and fewer than `max_queued_batches` are queued past the cap: then it is
+    `queued`, and the handler serves it only if it is a client batch, whose rows wait in the
+    batcher's bulk lane behind the interactive ones; a request of one input is refused there
+    as at the cap (service.handler). A client batch that took an in-flight slot moves to a
+    queued place too, once the handler knows it for one (`batch`): the cap is for requests of
+    one input and those not yet read. A burst of client batches (llama-index sends every batch
+    of an indexing job at once) waits for the model instead of meeting 503s, while requests
+    of one input keep the bound on their latency."""
 
-    def __init__(self, state: ServiceState | None) -> None:
-        self.state, self.stage = state, self.RECEIVING
+    __slots__ = ("may_queue", "stage", "state")
+    RECEIVING, IN_FLIGHT, QUEUED, DONE, REFUSED = range(5)
+
+    def __init__(self, state: ServiceState | None, may_queue: bool = False) -> None:
+        self.state, self.stage, self.may_queue = state, self.RECEIVING, may_queue
         if state is not None:
             state.receiving += 1
 
@@ -48,10 +57,15 @@ class Slot:
         if state is None or self.stage != self.RECEIVING:
             return
         state.receiving -= 1
-        if state.in_flight >= state.settings.max_in_flight:
+        settings = state.settings
+        if state.in_flight - state.queued < settings.max_in_flight:
+            self.stage = self.IN_FLIGHT
+        elif self.may_queue and state.queued < settings.max_queued_batches:
+            self.stage = self.QUEUED
+            state.queued += 1
+        else:
             self.stage = self.REFUSED
             return
-        self.stage = self.IN_FLIGHT
         state.activity.begin()
         state.metrics.in_flight.inc()
 
@@ -60,6 +74,24 @@ class Slot:
         """Its body completed when every in-flight slot was taken: answer 503, run nothing."""
         return self.stage == self.REFUSED
 
+    @property
+    def queued(self) -> bool:
+        """Admitted past the in-flight cap: served only as a client batch."""
+        return self.stage == self.QUEUED
+
+    def batch(self) -> None:
+        """The request is a client batch: it waits in the bulk lane, and gives its in-flight
+        slot back to requests of one input if a queued place is free (200 concurrent client
+        batches would otherwise take every slot, and a single request meet the cap)."""
+        state = self.state
+        if (
+            state is not None
+            and self.stage == self.IN_FLIGHT
+            and state.queued < state.settings.max_queued_batches
+        ):
+            self.stage = self.QUEUED
+            state.queued += 1
+
     def release(self) -> None:
         state, stage = self.state, self.stage
         if state is None or stage in (self.DONE, self.REFUSED):
@@ -67,9 +99,11 @@ class Slot:
         self.stage = self.DONE
         if stage == self.RECEIVING:
             state.receiving -= 1
-        else:
-            state.activity.end()
-            state.metrics.in_flight.dec()
+            return
+        if stage == self.QUEUED:
+            state.queued -= 1
+        state.activity.end()
+        state.metrics.in_flight.dec()
 
 
 FREE = Slot(None)  # the probes' and /metrics': they answer from memory and hold nothing
@@ -97,6 +131,7 @@ class ServiceState:
     # workers: a lone one's model call may take every core (runtime.batching.Activity).
     activity: Activity = field(default_factory=Activity)
     receiving: int = 0  # admitted API requests whose body is still arriving (Slot)
+    queued: int = 0  # client batches admitted past max_in_flight, among in_flight (Slot)
     _warming: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
@@ -108,7 +143,9 @@ class ServiceState:
         refusal = self.admission.refusal(self, method, path, connections)
         if refusal is not None:
             return refusal
-        return FREE if path in PUBLIC_PATHS else Slot(self)
+        if path in PUBLIC_PATHS:
+            return FREE
+        return Slot(self, may_queue=self.admission.may_queue(method, path))
 
     @property
     def unanswered(self) -> int:

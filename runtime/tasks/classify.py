@@ -62,6 +62,10 @@ class Classify(Task):
     response = list[LabelScore] | list[list[LabelScore]]
     summary = "Label each text (sentiment with the shipped models)"
     example: ClassVar[dict[str, Any]] = {"inputs": "a charming and often affecting journey"}
+    # huggingface_hub's InferenceClient.text_classification takes element 0 of the answer, as
+    # the Hugging Face Inference API nests one text's labels ([[...]]); the pipeline's shape, a
+    # flat list, would give it one label where top_k asked for more.
+    nests_single_for = (b"hf_hub/",)
 
     def prepare(
         self, ctx: TaskContext, items: list[Any], request: ClassifyRequest

@@ -23,16 +23,26 @@ from bertserve.runtime.errors import ClientGone, DeadlineExceeded, InvalidInput,
 # The limits that bound one request's items and the rows they become, named as the service's
 # settings are (service/settings.py; tests/runtime/test_task_table.py holds them equal).
 LimitName = Literal["max_client_batch", "max_request_rows", "max_rerank_documents"]
+# Which end of an over-long input gives way (text-embeddings-inference's truncation_direction).
+Direction = Literal["Left", "Right"]
 
 
 @dataclass(frozen=True)
 class RequestLimits:
-    max_client_batch: int = 32
+    max_client_batch: int = 2048
     max_request_rows: int = 64
     max_rerank_documents: int = 256
 
     def __getitem__(self, name: LimitName) -> int:
         return int(getattr(self, name))
+
+
+# What a 422 for client-side token ids that are not the model's says to do.
+FOREIGN = (
+    "the ids look like another tokenizer's. Send the texts instead (langchain's "
+    "OpenAIEmbeddings sends tiktoken ids unless check_embedding_ctx_length=False), or ids from "
+    "POST /tokenize"
+)
 
 
 class Task:
@@ -60,6 +70,9 @@ class Task:
     # the request has besides that list (the OpenAPI document's maxItems: service.http.contract).
     items_field: ClassVar[tuple[str, ...]] = ("inputs",)
     items_besides: ClassVar[int] = 0
+    # Clients (a part of their User-Agent) that read the answer to one bare input as the first
+    # element of a list: they get the answer a one-item list would (service.handler).
+    nests_single_for: ClassVar[tuple[bytes, ...]] = ()
 
     def model_name(self, request: Any) -> str | None:
         """A model the body asks for (`?model=` wins over it)."""
@@ -115,15 +128,24 @@ class TaskContext:
     tokenizer_json: str
     max_text_chars: int
     max_rows: int = 1_000_000  # sequences one request may become (windows are counted first)
+    # Cut over-long inputs where a request does not say (`truncate` left out): the service's
+    # `auto_truncate`, as text-embeddings-inference's --auto-truncate.
+    auto_truncate: bool = False
     _local: threading.local = field(default_factory=threading.local)
     _frame: tuple[list[int], list[int]] | None = field(default=None, repr=False)
+    _foreign: frozenset[int] | None = field(default=None, repr=False)
     # A byte-level tokenizer (RoBERTa's BPE, or a byte-fallback model) may make several pieces
     # of one character: its bounds count UTF-8 bytes, not characters.
     byte_level: bool = False
 
     @classmethod
     def load(
-        cls, directory: Path, spec: BundleSpec, max_text_chars: int, max_rows: int = 1_000_000
+        cls,
+        directory: Path,
+        spec: BundleSpec,
+        max_text_chars: int,
+        max_rows: int = 1_000_000,
+        auto_truncate: bool = False,
     ) -> TaskContext:
         text = (directory / spec.tokenizer.file).read_text(encoding="utf-8")
         plain = Tokenizer.from_str(text)
@@ -133,7 +155,9 @@ class TaskContext:
         byte_level = bool(parsed["model"].get("byte_fallback")) or '"ByteLevel"' in json.dumps(
             parsed.get("pre_tokenizer")
         )
-        return cls(spec, plain, text, max_text_chars, max_rows, byte_level=byte_level)
+        return cls(
+            spec, plain, text, max_text_chars, max_rows, auto_truncate, byte_level=byte_level
+        )
 
     @property
     def windowing(self) -> Tokenizer:
@@ -170,12 +194,28 @@ class TaskContext:
             )
         return text
 
-    def encode(self, text: str, pair: str | None = None, truncate: bool = False) -> Encoding:
+    def rows_for(self, inputs: int) -> int:
+        """The sequences a request of `inputs` inputs may become: `max_rows`, or a row an input
+        if that is more (the windows of long texts are what the bound is for)."""
+        return max(self.max_rows, inputs)
+
+    def truncating(self, asked: bool | None) -> bool:
+        """Whether a request cuts over-long inputs: as it says, else as the service says."""
+        return self.auto_truncate if asked is None else asked
+
+    def encode(
+        self,
+        text: str,
+        pair: str | None = None,
+        truncate: bool = False,
+        direction: Direction = "Right",
+    ) -> Encoding:
         """Encode without cutting; an encoding longer than the model takes is a 413 unless the
         request asked to truncate (refused before tokenising when its words alone are too
-        many)."""
+        many). `direction`: which end gives way ("Left": the start, text-embeddings-inference's
+        truncation_direction)."""
         if truncate:
-            return self.truncated(text, pair)
+            return self.truncated(text, pair, direction)
         if min_tokens(text) + min_tokens(pair or "") > self.max_len:
             raise self.too_long(min_tokens(text) + min_tokens(pair or ""), "at least ")
         enc = tokenize(self.tokenizer, text, pair)
@@ -183,7 +223,7 @@ class TaskContext:
             raise self.too_long(len(enc.ids))
         return enc
 
-    def truncated(self, text: str, pair: str | None) -> Encoding:
+    def truncated(self, text: str, pair: str | None, direction: Direction = "Right") -> Encoding:
         """The encoding `tokenizers`' longest_first truncation gives, in time and memory linear
         in the texts. The library's own builds every overflow combination of a pair, which
         grows with the product of the lengths (8k characters a side: 16,509 encodings and
@@ -196,17 +236,30 @@ class TaskContext:
         keep_first, keep_second = longest_first(
             len(first), len(second) if second is not None else 0, budget
         )
-        first = self.clipped(text, first, keep_first)
+        first = self.clipped(text, first, keep_first, direction)
         if second is not None and pair is not None:
-            second = self.clipped(pair, second, keep_second)
+            second = self.clipped(pair, second, keep_second, direction)
         return tok.post_process(first, second)
 
-    def clipped(self, text: str, enc: Encoding, keep: int) -> Encoding:
-        """`enc` (of `text`) cut to its first `keep` pieces. The text is cut after the word that
-        holds the last piece kept, so the pieces kept are those of the whole text, and encoded
-        again: truncating the whole encoding would keep its rest as overflow."""
+    def clipped(
+        self, text: str, enc: Encoding, keep: int, direction: Direction = "Right"
+    ) -> Encoding:
+        """`enc` (of `text`) cut to its first `keep` pieces (`direction` "Left": its last). The
+        text is cut after the word that holds the last piece kept (before the word that holds
+        the first), so the pieces kept are those of the whole text, and encoded again:
+        truncating the whole encoding would keep its rest as overflow."""
         if len(enc) <= keep:
             return enc
+        if direction == "Left":
+            start = len(enc) - keep
+            word = enc.token_to_word(start)
+            while word is not None and start > 0 and enc.token_to_word(start - 1) == word:
+                start -= 1
+            span = enc.token_to_chars(start)
+            tail = text[span[0] :] if span else text
+            cut = tokenize(self.tokenizer, tail, add_special_tokens=False)
+            cut.truncate(keep, direction="left")
+            return cut
         end, word = keep, enc.token_to_word(keep - 1)
         while word is not None and end < len(enc) and enc.token_to_word(end) == word:
             end += 1
@@ -224,7 +277,16 @@ class TaskContext:
         vocab = self.spec.tokenizer.vocab_size
         bad = next((i for i in ids if not 0 <= i < vocab), None)
         if bad is not None:
-            raise InvalidInput(f"token id {bad} is outside the model's vocabulary (0..{vocab - 1})")
+            raise InvalidInput(
+                f"token id {bad} is outside the model's vocabulary (0..{vocab - 1}): {FOREIGN}"
+            )
+        foreign = self.foreign_ids
+        odd = next((i for i in ids if i in foreign), None)
+        if odd is not None:
+            raise InvalidInput(
+                f"token id {odd} ({self.tokenizer.id_to_token(odd)!r}) is one this model's "
+                f"tokenizer never makes from text: {FOREIGN}"
+            )
         front, back = self.special_frame
         room = self.max_len - len(front) - len(back)
         if len(ids) > room:
@@ -233,6 +295,35 @@ class TaskContext:
             ids = ids[:room]
         full = np.asarray([*front, *ids, *back], dtype=np.int64)
         return Row(full, np.zeros_like(full))
+
+    @property
+    def foreign_ids(self) -> frozenset[int]:
+        """Ids that tokenising a text never gives: the special tokens but the unknown one and,
+        for a WordPiece vocabulary, the pieces whose own text tokenises to something else
+        (BERT's [unused0]..[unused993] at ids 1-998). Client-side ids from another tokenizer
+        land there: tiktoken's cl100k gives the commonest English words and punctuation ids
+        below 1,000 (" the" 279, "." 13), so a sentence of them is told apart from WordPiece
+        ids instead of embedded as nonsense. Computed once, on first use (~0.1 s)."""
+        found = self._foreign
+        if found is None:
+            tok = self.tokenizer
+            model = tok.model
+            unknown = getattr(model, "unk_token", None)
+            special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special} - {
+                tok.token_to_id(unknown) if unknown else -1
+            }
+            unreachable: set[int] = set()
+            if type(model).__name__ == "WordPiece":
+                prefix = model.continuing_subword_prefix
+                pieces = [
+                    (i, p)
+                    for p, i in tok.get_vocab(with_added_tokens=False).items()
+                    if not p.startswith(prefix)
+                ]
+                encoded = tok.encode_batch([p for _, p in pieces], add_special_tokens=False)
+                unreachable = {i for (i, _), e in zip(pieces, encoded, strict=True) if e.ids != [i]}
+            found = self._foreign = frozenset(special | unreachable)
+        return found
 
     @property
     def special_frame(self) -> tuple[list[int], list[int]]:

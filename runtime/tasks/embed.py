@@ -7,7 +7,12 @@ The graph pools the encoder's last hidden states (mean over real tokens, or [CLS
 normalises again, as sentence-transformers' `truncate_dim` does. A request's `prompt_name`
 (or the bundle's default prompt) puts the bundle's prompt text before each input, as
 sentence-transformers' `encode(prompt_name=...)` does. Over-long inputs are a 413 unless
-`truncate` is set.
+`truncate` is set (or, where a request leaves it out, the service's `auto_truncate`); then the
+end of the text gives way, or its start with `truncation_direction: "Left"`.
+
+Vectors are answered as float32 (orjson's shortest float32 form: every value read back as
+float32 is the model's exactly), which is half the bytes of float64's digits and a third of the
+time to write: a 2,048-text answer is most of its request's work after the model's.
 """
 
 from __future__ import annotations
@@ -19,9 +24,9 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from bertserve.runtime.batching import Row, RowResult
-from bertserve.runtime.errors import InvalidInput
-from bertserve.runtime.schemas import STRICT, WHOLE, Params, Request, Text
-from bertserve.runtime.tasks.common import Task, TaskContext, row, usage
+from bertserve.runtime.errors import InvalidInput, TooLarge
+from bertserve.runtime.schemas import CLOSED, STRICT, WHOLE, Params, Request, Text
+from bertserve.runtime.tasks.common import Direction, Task, TaskContext, row, usage
 
 Texts = Text | Annotated[list[Text], Field(min_length=1)]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0), WHOLE]], Field(min_length=1)]
@@ -34,14 +39,37 @@ PromptName = Annotated[
 ]
 
 
+Truncate = Annotated[
+    bool | None,
+    Field(
+        description="cut an input longer than the model takes instead of a 413; left out: the "
+        "service's setting (BERTSERVE_AUTO_TRUNCATE, default false)"
+    ),
+]
+TruncationDirection = Annotated[
+    Direction, Field(description="which end of an over-long input is cut")
+]
+Dimensions = Annotated[
+    Annotated[int, Field(ge=1), WHOLE] | None,
+    Field(
+        description="keep the first `dimensions` components, then normalise (Matryoshka-style "
+        "truncation); at most the model's hidden size"
+    ),
+]
+
+
 class EmbedRequest(Request):
     inputs: Texts
     normalize: bool = True
-    truncate: bool = False
+    truncate: Truncate = None
+    truncation_direction: TruncationDirection = "Right"
     prompt_name: PromptName = None
+    dimensions: Dimensions = None
 
 
 class OpenAIEmbeddingsRequest(Request):
+    model_config = CLOSED  # OpenAI refuses fields it does not know; so does this route
+
     input: Texts | TokenIds | Annotated[list[TokenIds], Field(min_length=1)] = Field(
         description="a text, a list of texts, or token ids of the model's own tokenizer (one "
         "list of ids, or a list of them): ids are put between the model's special tokens"
@@ -50,12 +78,9 @@ class OpenAIEmbeddingsRequest(Request):
         None, description="an embedding bundle's name; other names get the default model"
     )
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Annotated[int, Field(ge=1), WHOLE] | None = Field(
-        None,
-        description="keep the first `dimensions` components, then normalise (Matryoshka-style "
-        "truncation); at most the model's hidden size",
-    )
+    dimensions: Dimensions = None
     user: str | None = Field(None, description="accepted and ignored")
+    truncate: Truncate = None  # an extension: OpenAI's API has no such field
 
 
 class SimilarityInputs(BaseModel):
@@ -65,7 +90,8 @@ class SimilarityInputs(BaseModel):
 
 
 class SimilarityParams(Params):
-    truncate: bool = False
+    truncate: Truncate = None
+    truncation_direction: TruncationDirection = "Right"
     prompt_name: PromptName = None
 
 
@@ -106,22 +132,62 @@ class EmbeddingList(BaseModel):
     usage: Usage
 
 
-def embeddings(results: list[RowResult], normalize: bool) -> list[np.ndarray]:
+def embeddings(
+    results: list[RowResult], normalize: bool, dimensions: int | None = None
+) -> list[np.ndarray]:
+    """Each row's vector as float32: its first `dimensions` components, if asked, then of unit
+    length if `normalize` (sentence-transformers' truncate_dim, then normalize)."""
     out = []
     for result in results:
-        vector = result.outputs["embeddings"].astype(np.float32)
+        vector = result.outputs["embeddings"].astype(np.float32)[:dimensions]
         if normalize:
             vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
         out.append(vector)
     return out
 
 
+def check_dimensions(ctx: TaskContext, wanted: int | None) -> None:
+    width = ctx.spec.architecture.hidden_size
+    if wanted is not None and wanted > width:
+        raise InvalidInput(
+            f"dimensions {wanted} is more than model {ctx.spec.name}'s {width} components"
+        )
+
+
+def answer_bytes(ctx: TaskContext, vectors: int, dimensions: int | None, base64: bool) -> int:
+    """At most how large an answer of `vectors` vectors is: a float32 is at most 15 characters
+    of JSON (-1.2345678e-38,), or 4 bytes as base64's 16/3 characters."""
+    width = dimensions or ctx.spec.architecture.hidden_size
+    return vectors * (width * (6 if base64 else 15) + 64)
+
+
+def check_answer(ctx: TaskContext, vectors: int, dimensions: int | None, base64: bool, limits: Any):
+    """Refuse, before any work, a request whose answer would pass max_response_bytes."""
+    size, most = answer_bytes(ctx, vectors, dimensions, base64), limits.max_response_bytes
+    if size > most:
+        raise TooLarge(
+            f"{vectors} vectors of {dimensions or ctx.spec.architecture.hidden_size} components "
+            f"may take {size:,} bytes; the answer limit is {most:,} "
+            "(BERTSERVE_MAX_RESPONSE_BYTES). Send fewer inputs a request, or ask for fewer "
+            "dimensions"
+        )
+
+
 def text_rows(
-    ctx: TaskContext, texts: list[str], prompt_name: str | None, truncate: bool
+    ctx: TaskContext,
+    texts: list[str],
+    prompt_name: str | None,
+    truncate: bool | None,
+    direction: Direction = "Right",
 ) -> list[Row]:
     """A row a text, behind its prompt (`prompted`)."""
+    cut = ctx.truncating(truncate)
     return [
-        row(ctx.encode(prompted(ctx, prompt_name, ctx.check_text(t)), truncate=truncate))
+        row(
+            ctx.encode(
+                prompted(ctx, prompt_name, ctx.check_text(t)), truncate=cut, direction=direction
+            )
+        )
         for t in texts
     ]
 
@@ -135,15 +201,23 @@ class Embed(Task):
     summary = "Sentence embeddings (text-embeddings-inference's /embed)"
     example: ClassVar[dict[str, Any]] = {"inputs": "A man is eating food."}
 
+    def check_cost(self, ctx: TaskContext, items: list[Any], request: Any, limits: Any) -> int:
+        check_dimensions(ctx, request.dimensions)
+        check_answer(ctx, len(items), request.dimensions, False, limits)
+        return super().check_cost(ctx, items, request, limits)
+
     def prepare(
         self, ctx: TaskContext, items: list[str], request: EmbedRequest
     ) -> tuple[list[Row], None]:
-        return text_rows(ctx, items, request.prompt_name, request.truncate), None
+        rows = text_rows(
+            ctx, items, request.prompt_name, request.truncate, request.truncation_direction
+        )
+        return rows, None
 
     def finish(
         self, ctx: TaskContext, prepared: None, results: list[RowResult], request: EmbedRequest
     ) -> list[Any]:
-        return [v.tolist() for v in embeddings(results, request.normalize)]
+        return embeddings(results, request.normalize, request.dimensions)
 
     def respond(
         self, answers: list[Any], single: bool, request: Any, rows: list[Row], model: str
@@ -174,18 +248,19 @@ class OpenAIEmbeddings(Task):
         return [t for t in items if isinstance(t, str)]
 
     def check_cost(self, ctx: TaskContext, items: list[Any], request: Any, limits: Any) -> int:
-        wanted, width = request.dimensions, ctx.spec.architecture.hidden_size
-        if wanted is not None and wanted > width:
-            raise InvalidInput(
-                f"dimensions {wanted} is more than model {ctx.spec.name}'s {width} components"
-            )
+        check_dimensions(ctx, request.dimensions)
+        base64 = request.encoding_format == "base64"
+        check_answer(ctx, len(items), request.dimensions, base64, limits)
         return sum(len(t) for t in items)  # characters, or ids (about as costly to encode)
 
     def prepare(
         self, ctx: TaskContext, items: list[Any], request: OpenAIEmbeddingsRequest
     ) -> tuple[list[Row], None]:
+        cut = ctx.truncating(request.truncate)
         rows = [
-            ctx.encode_ids(t) if isinstance(t, list) else row(ctx.encode(ctx.check_text(t)))
+            ctx.encode_ids(t, truncate=cut)
+            if isinstance(t, list)
+            else row(ctx.encode(ctx.check_text(t), truncate=cut))
             for t in items
         ]
         return rows, None
@@ -198,14 +273,10 @@ class OpenAIEmbeddings(Task):
         request: OpenAIEmbeddingsRequest,
     ) -> list[Any]:
         normalize = ctx.spec.pooling.normalize if ctx.spec.pooling else True
-        vectors = embeddings(results, normalize)
-        if request.dimensions is not None:
-            vectors = [v[: request.dimensions] for v in vectors]
-            if normalize:
-                vectors = [v / max(float(np.linalg.norm(v)), 1e-12) for v in vectors]
+        vectors = embeddings(results, normalize, request.dimensions)
         if request.encoding_format == "base64":  # little-endian float32, as OpenAI sends it
             return [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vectors]
-        return [v.tolist() for v in vectors]
+        return vectors
 
     def respond(
         self, answers: list[Any], single: bool, request: Any, rows: list[Row], model: str
@@ -243,7 +314,10 @@ class Similarity(Task):
         self, ctx: TaskContext, items: list[str], request: SimilarityRequest
     ) -> tuple[list[Row], None]:
         params = request.parameters
-        return text_rows(ctx, items, params.prompt_name, params.truncate), None
+        rows = text_rows(
+            ctx, items, params.prompt_name, params.truncate, params.truncation_direction
+        )
+        return rows, None
 
     def finish(
         self, ctx: TaskContext, prepared: None, results: list[RowResult], request: Any

@@ -77,9 +77,10 @@ def preprocess(ctx: TaskContext, texts: list[str], stride: int) -> tuple[list[Ne
     cased = ctx.spec.tokenizer.case_type_ids
     encoded = []
     windows = 0
+    most = ctx.rows_for(len(texts))
     for text in texts:  # every text's windows counted before any row is made
         checkpoint()
-        left = (ctx.max_rows - windows) * size  # pieces the windows left can hold, at most
+        left = (most - windows) * size  # pieces the windows left can hold, at most
         start = 2 * left + (ctx.max_word_chars or 0)
         if ctx.max_word_chars is not None and len(text) > start:
             # A long text's start alone may need more: its pieces, less those of the word the
@@ -87,12 +88,12 @@ def preprocess(ctx: TaskContext, texts: list[str], stride: int) -> tuple[list[Ne
             # one-character pieces ("a.a.a.") is refused from its first characters so.
             pieces = len(tokenize(ctx.tokenizer, text[:start], add_special_tokens=False))
             if pieces - ctx.max_word_chars > left:
-                raise too_many_sequences(ctx.max_rows, ctx.max_len)
+                raise too_many_sequences(most, ctx.max_len)
         enc = tokenize(ctx.tokenizer, ctx.check_text(text), add_special_tokens=False)
         spans = windows_for(len(enc), size, min(stride, size // 2))
         windows += len(spans)
-        if windows > ctx.max_rows:
-            raise too_many_sequences(ctx.max_rows, ctx.max_len)
+        if windows > most:
+            raise too_many_sequences(most, ctx.max_len)
         encoded.append((text, enc, spans))
     inputs, rows = [], []
     for text, enc, spans in encoded:

@@ -96,6 +96,7 @@ def preprocess(
     specials = ctx.tokenizer.num_special_tokens_to_add(True)
     inputs: list[QaWindows] = []
     rows: list[Row] = []
+    most = ctx.rows_for(len(pairs))
     for question, context in pairs:
         checkpoint()
         ctx.check_text(question, "question")
@@ -108,10 +109,10 @@ def preprocess(
         # normalised length bounds the pieces at a quarter of a tokenisation's cost; only a
         # context that could pass the limit by that bound is counted exactly.
         advance = window - stride
-        if len(rows) + windows_needed(ctx.max_pieces(context), window, advance) > ctx.max_rows:
+        if len(rows) + windows_needed(ctx.max_pieces(context), window, advance) > most:
             context_len = len(tokenize(ctx.tokenizer, context, add_special_tokens=False))
-            if len(rows) + windows_needed(context_len, window, advance) > ctx.max_rows:
-                raise too_many_windows(ctx.max_rows, max_seq_len)
+            if len(rows) + windows_needed(context_len, window, advance) > most:
+                raise too_many_windows(most, max_seq_len)
         tok.enable_truncation(max_seq_len, stride=stride, strategy="only_second")
         first = tokenize(tok, question, context)
         windows = [first, *first.overflowing]

@@ -6,21 +6,34 @@ CrossEncoder saves one).
 Every pair is a row in the batcher, so a request's documents batch with each other and with
 other requests'. The score is the sigmoid of the model's logit, as `CrossEncoder.predict` gives
 for a one-label model (TEI's `raw_scores` returns the logit). A pair longer than the model takes
-is cut, the document giving way (longest first), where the request allows it (`truncate`; the
-Cohere schema always truncates), else it is a 413.
+is cut, the document giving way (longest first), where the request allows it (`truncate`, or
+the service's `auto_truncate` where it says nothing; the Cohere schema always truncates), else
+it is a 413. Cohere's `max_tokens_per_doc` cuts each document to that many pieces first, and
+`rank_fields` ranks object documents on the fields it names, written as "field: value" lines,
+as Cohere's API does.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from bertserve.runtime.batching import Row, RowResult
-from bertserve.runtime.schemas import STRICT, WHOLE, Request, Text
-from bertserve.runtime.tasks.common import Task, TaskContext, row, sigmoid, usage
+from bertserve.runtime.errors import InvalidInput
+from bertserve.runtime.schemas import WHOLE, Request, Text
+from bertserve.runtime.tasks.common import (
+    Direction,
+    Task,
+    TaskContext,
+    row,
+    sigmoid,
+    tokenize,
+    usage,
+)
+from bertserve.runtime.tasks.embed import Truncate
 
 Documents = Annotated[list[Text], Field(min_length=1)]
 
@@ -30,10 +43,11 @@ class RerankRequest(Request):
     texts: Documents = Field(description="at most BERTSERVE_MAX_RERANK_DOCUMENTS")
     raw_scores: bool = Field(False, description="the model's logit instead of its sigmoid")
     return_text: bool = False
-    truncate: bool = Field(False, description="cut an over-long pair instead of a 413")
-    truncation_direction: Literal["Right"] = Field(
-        "Right", description="the end of the document is cut (the only direction served)"
+    truncate: Truncate = None
+    truncation_direction: Direction = Field(
+        "Right", description="which end of an over-long query or document is cut"
     )
+    top_n: TopN = Field(None, description="the best n results; default all (litellm sends it)")
 
 
 class RankItem(BaseModel):
@@ -42,9 +56,15 @@ class RankItem(BaseModel):
     text: str | None = None
 
 
+TopN = Annotated[int, Field(ge=1), WHOLE] | None
+
+
 class DocumentText(BaseModel):
-    model_config = STRICT
-    text: Text
+    """A document as an object: its `text`, or with `rank_fields` the fields named there
+    (Cohere v1's structured documents); other fields are kept for return_documents."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    text: Text | None = None
 
 
 class CohereRerankRequest(Request):
@@ -55,16 +75,29 @@ class CohereRerankRequest(Request):
     model: str | None = Field(
         None, description="a rerank bundle's name; other names get the default model"
     )
-    top_n: Annotated[int, Field(ge=1), WHOLE] | None = Field(
-        None, description="the best n results; default all"
-    )
+    top_n: TopN = Field(None, description="the best n results; default all")
     return_documents: bool = False
+    rank_fields: (
+        Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None
+    ) = Field(
+        None,
+        description="object documents: rank on these fields, as 'field: value' lines "
+        "(Cohere v1); default: their text",
+    )
+    max_tokens_per_doc: Annotated[int, Field(ge=1), WHOLE] | None = Field(
+        None, description="cut each document to this many tokens first (Cohere v2)"
+    )
+    max_chunks_per_doc: Annotated[int, Field(ge=1), WHOLE] | None = Field(
+        None,
+        description="accepted and ignored: a document is one pair, cut to the model's length",
+    )
+    priority: int | None = Field(None, description="accepted and ignored (Cohere v2)")
 
 
 class CohereResult(BaseModel):
     index: int
     relevance_score: float
-    document: DocumentText | None = None
+    document: dict[str, Any] | None = None
 
 
 class RerankUsage(BaseModel):
@@ -79,12 +112,50 @@ class CohereRerankResponse(BaseModel):
     usage: RerankUsage
 
 
-def pair_rows(ctx: TaskContext, query: str, documents: list[str], truncate: bool) -> list[Row]:
+def pair_rows(
+    ctx: TaskContext,
+    query: str,
+    documents: list[str],
+    truncate: bool,
+    direction: Direction = "Right",
+) -> list[Row]:
     query = ctx.check_text(query, "query")
     return [
-        row(ctx.encode(query, ctx.check_text(d, f"document {i}"), truncate=truncate))
+        row(
+            ctx.encode(
+                query, ctx.check_text(d, f"document {i}"), truncate=truncate, direction=direction
+            )
+        )
         for i, d in enumerate(documents)
     ]
+
+
+def first_tokens(ctx: TaskContext, text: str, most: int) -> str:
+    """`text` up to the end of its `most`-th word piece (Cohere's max_tokens_per_doc)."""
+    enc = tokenize(ctx.tokenizer, text, add_special_tokens=False)
+    if len(enc) <= most:
+        return text
+    span = enc.token_to_chars(most - 1)
+    return text[: span[1]] if span else text
+
+
+def document_text(document: str | DocumentText, fields: list[str] | None, index: int) -> str:
+    """What a document is ranked on: a string as it is; an object's text, or with
+    `rank_fields` the fields it has of those named, as "field: value" lines."""
+    if isinstance(document, str):
+        return document
+    values = document.model_dump(exclude_none=True)
+    if fields is None:
+        if document.text is None:
+            raise InvalidInput(
+                f"documents.{index}: an object document needs a 'text' field, or rank_fields "
+                "naming the fields to rank on"
+            )
+        return document.text
+    lines = [f"{name}: {values[name]}" for name in fields if name in values]
+    if not lines:
+        raise InvalidInput(f"documents.{index}: has none of the rank_fields {fields}")
+    return "\n".join(lines)
 
 
 def logits(results: list[RowResult]) -> np.ndarray:
@@ -120,7 +191,9 @@ class Rerank(Task):
     def prepare(
         self, ctx: TaskContext, items: list[str], request: RerankRequest
     ) -> tuple[list[Row], None]:
-        return pair_rows(ctx, request.query, items, request.truncate), None
+        cut = ctx.truncating(request.truncate)
+        rows = pair_rows(ctx, request.query, items, cut, request.truncation_direction)
+        return rows, None
 
     def finish(
         self, ctx: TaskContext, prepared: None, results: list[RowResult], request: RerankRequest
@@ -130,7 +203,7 @@ class Rerank(Task):
         return [
             {"index": i, "score": float(scores[i])}
             | ({"text": request.texts[i]} if request.return_text else {})
-            for i in best_first(scores)
+            for i in best_first(scores)[: request.top_n]
         ]
 
     def respond(
@@ -157,7 +230,8 @@ class CohereRerank(Task):
     items_field = ("documents",)
 
     def inputs(self, request: CohereRerankRequest) -> tuple[list[Any], bool]:
-        return [d if isinstance(d, str) else d.text for d in request.documents], False
+        fields = request.rank_fields
+        return [document_text(d, fields, i) for i, d in enumerate(request.documents)], False
 
     def check_cost(self, ctx: TaskContext, items: list[Any], request: Any, limits: Any) -> int:
         return len(request.query) * len(items) + sum(len(t) for t in items)
@@ -165,7 +239,9 @@ class CohereRerank(Task):
     def prepare(
         self, ctx: TaskContext, items: list[str], request: CohereRerankRequest
     ) -> tuple[list[Row], list[str]]:
-        return pair_rows(ctx, request.query, items, truncate=True), items
+        most = request.max_tokens_per_doc
+        texts = items if most is None else [first_tokens(ctx, t, most) for t in items]
+        return pair_rows(ctx, request.query, texts, truncate=True), items
 
     def finish(
         self,
@@ -178,7 +254,7 @@ class CohereRerank(Task):
         order = best_first(scores)[: request.top_n]
         return [
             {"index": i, "relevance_score": float(scores[i])}
-            | ({"document": {"text": prepared[i]}} if request.return_documents else {})
+            | ({"document": returned(request.documents[i])} if request.return_documents else {})
             for i in order
         ]
 
@@ -189,6 +265,13 @@ class CohereRerank(Task):
 
     def model_name(self, request: CohereRerankRequest) -> str | None:
         return request.model
+
+
+def returned(document: str | DocumentText) -> dict[str, Any]:
+    """A document as Cohere returns it: {"text": ...} for a string, else the object as sent."""
+    if isinstance(document, str):
+        return {"text": document}
+    return document.model_dump(exclude_none=True)
 
 
 class CohereRerankV2(CohereRerank):

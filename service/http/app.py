@@ -32,6 +32,7 @@ from bertserve.service.http.errors import (
     answer_of,
     error_response,
     internal_error_response,
+    openai_shaped,
     service_error_response,
     validation_error_response,
 )
@@ -134,9 +135,11 @@ class RequestContext:
         scope.setdefault("state", {})["request_id"] = request_id
         status = 500
         started = time.perf_counter()
+        openai = scope["path"].startswith("/v1/")
+        held: Message | None = None  # an error's start, on an OpenAI route, until its body
 
         async def send_with_id(msg: Message) -> None:
-            nonlocal status
+            nonlocal status, held
             if msg["type"] == "http.response.start":
                 status = msg["status"]
                 msg["headers"] = [
@@ -144,6 +147,18 @@ class RequestContext:
                     (b"x-request-id", request_id.encode("latin-1")),
                     *RETIRING_HEADERS[self.state.retiring],
                 ]
+                if openai and status >= 400:  # its body is rewritten in OpenAI's shape
+                    held = msg
+                    return
+            elif held is not None and msg["type"] == "http.response.body":
+                start, held = held, None
+                body = openai_shaped(msg.get("body", b""), status)
+                start["headers"] = [
+                    (k, str(len(body)).encode() if k == b"content-length" else v)
+                    for k, v in start["headers"]
+                ]
+                await send(start)
+                msg = {**msg, "body": body}
             await send(msg)
 
         metrics = self.state.metrics

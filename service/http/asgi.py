@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from starlette.types import Message, Receive, Scope
+
+if TYPE_CHECKING:
+    from bertserve.service.state import Slot
 
 # A client's X-Request-ID is kept when it is plainly an id: it goes into logs and headers.
 SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -53,3 +57,14 @@ def replaying(first: Message, receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+def user_agent(scope: Scope) -> bytes:
+    """The request's User-Agent header (empty if it sent none)."""
+    return next((v for k, v in scope["headers"] if k == b"user-agent"), b"")
+
+
+def admitted(scope: Scope) -> Slot | None:
+    """The request's place, given by the protocol's gate (service.state.Slot); None where
+    another server runs the app."""
+    return scope.get("extensions", {}).get(ADMITTED)

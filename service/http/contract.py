@@ -7,7 +7,9 @@ body the document allows is a body the service accepts.
 - the mask token a /fill-mask input must contain: a `pattern` (the served models' tokens);
 - the prompts `prompt_name` may name: an `enum` (the bundles' declared prompts);
 - the token ids /decode and OpenAI's token-id inputs may hold: `maximum` (the smallest served
-  vocabulary, less one).
+  vocabulary, less one);
+- the `dimensions` an embedding may be cut to: `maximum` (the narrowest embedding model's
+  width).
 
 What a schema still cannot state is per model: a request that picks a model with `?model=`
 may meet that model's own mask token, prompts and vocabulary, and a text's length in tokens
@@ -71,6 +73,15 @@ def bind(schema: JsonSchema, settings: Settings, models: dict[str, Model]) -> Js
         for node in resolve(components, components.get(name), (field,)):
             for ids in integers(node):
                 ids["maximum"] = top
+
+    # `dimensions` is at most the served embedding models' width (the narrowest).
+    embedders = [models[n] for n in by_task.get("embed", [])]
+    if embedders:
+        width = min(m.spec.architecture.hidden_size for m in embedders)
+        for name in ("EmbedRequest", "OpenAIEmbeddingsRequest"):
+            for node in resolve(components, components.get(name), ("dimensions",)):
+                if node.get("type") == "integer":
+                    node["maximum"] = width
     return schema
 
 

@@ -1,12 +1,15 @@
 """Errors as HTTP, in one place: the table from the runtime's typed errors to a status and an
 `error_type` (the word a client switches on), the errors only the HTTP layer raises, and the
-response `{"error": ..., "error_type": ...}`."""
+response: `{"error": ..., "error_type": ...}`, or on OpenAI's routes (/v1/...) OpenAI's
+`{"error": {"message", "type", "param", "code"}}`, whose message the openai package (and the
+frameworks over it) put into their exceptions (`error_body`)."""
 
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import orjson
 from starlette.responses import JSONResponse
 
 from bertserve.runtime.errors import (
@@ -40,6 +43,7 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "answer_of",
+    "error_body",
     "error_types",
 ]
 
@@ -132,6 +136,31 @@ def error_types() -> tuple[str, ...]:
 
 
 PATTERN_MESSAGES = {r"\S": "is empty or blank"}
+OPENAI_PREFIX = b"/v1/"  # the routes that answer errors in OpenAI's shape
+# OpenAI's `type` by status; `code` is the service's own error_type.
+OPENAI_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
+
+
+def error_body(message: str, error_type: str, status: int, path: bytes = b"") -> bytes:
+    """An error's JSON body, in the shape the route's clients read (see the module's doc)."""
+    if path.startswith(OPENAI_PREFIX):
+        kind = OPENAI_TYPES.get(
+            status, "server_error" if status >= 500 else "invalid_request_error"
+        )
+        detail = {"message": message, "type": kind, "param": None, "code": error_type}
+        return orjson.dumps({"error": detail})
+    return orjson.dumps({"error": message, "error_type": error_type})
+
+
+def openai_shaped(body: bytes, status: int) -> bytes:
+    """An error body of the service's shape in OpenAI's (`error_body`); another body as it is."""
+    try:
+        sent = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    if not isinstance(sent, dict) or not isinstance(sent.get("error"), str):
+        return body
+    return error_body(sent["error"], str(sent.get("error_type", "http")), status, OPENAI_PREFIX)
 
 
 def error_response(

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from bertserve.runtime.tasks import TASKS
 from bertserve.service.admission import ROOT, root_task
 from bertserve.service.handler import handle
-from bertserve.service.http.asgi import disconnect_watch, replaying
+from bertserve.service.http.asgi import admitted, disconnect_watch, replaying, user_agent
 from bertserve.service.http.errors import (
     RequestError,
     internal_error_response,
@@ -68,6 +68,8 @@ class FastPath:
                 query[0][1] if query else None,
                 scope.setdefault("state", {}),
                 disconnect_watch(scope, replay),
+                user_agent(scope),
+                admitted(scope),
             )
             response = Response(answer, media_type="application/json")
         except ValidationError as exc:

@@ -39,7 +39,6 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 import httptools
-import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from bertserve.service.http.asgi import ADMITTED, CONNECTION_LOST, SAFE_ID
@@ -50,6 +49,7 @@ from bertserve.service.http.errors import (
     RequestTimeout,
     Unavailable,
     answer_of,
+    error_body,
 )
 
 if TYPE_CHECKING:
@@ -57,11 +57,12 @@ if TYPE_CHECKING:
 
 
 def response_parts(
-    error: RequestError, request_id: bytes | None = None
+    error: RequestError, request_id: bytes | None = None, path: bytes = b""
 ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """A typed error's status, headers and body, as the app's error response has them."""
+    """A typed error's status, headers and body, as the app's error response has them (in the
+    shape of `path`'s clients: service.http.errors.error_body)."""
     answer = answer_of(error)
-    body = orjson.dumps({"error": error.message, "error_type": answer.error_type})
+    body = error_body(error.message, answer.error_type, answer.status, path)
     headers = [(b"content-type", b"application/json")]
     headers += [
         (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in answer.headers.items()
@@ -427,7 +428,8 @@ class GuardedProtocol(HttpToolsProtocol):
             self.refused(self._refusal_path, refusal)
         if self.transport.is_closing():
             return
-        status, headers, body = response_parts(refusal, request_id_of(self.headers))
+        path = self._refusal_path.encode("latin-1")
+        status, headers, body = response_parts(refusal, request_id_of(self.headers), path)
         response = response_bytes(status, headers, body)
         close = CLOSE in headers or not self.parser.should_keep_alive()
         # Held for refusal_delay also when the connection closes after it: a client that sends
@@ -461,7 +463,8 @@ def refusal_app(refusal: RequestError) -> Callable[..., Any]:
     """An ASGI app that answers the gate's refusal as `encode` writes it."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Callable[..., Any]) -> None:
-        status, headers, body = response_parts(refusal, request_id_of(scope["headers"]))
+        path = scope["path"].encode("latin-1")
+        status, headers, body = response_parts(refusal, request_id_of(scope["headers"]), path)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

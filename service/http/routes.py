@@ -20,7 +20,7 @@ from bertserve.runtime.tasks import TASKS, Task, embed
 from bertserve.runtime.tasks.common import TaskContext
 from bertserve.service.admission import ROOT
 from bertserve.service.handler import handle
-from bertserve.service.http.asgi import disconnect_watch
+from bertserve.service.http.asgi import admitted, disconnect_watch, user_agent
 from bertserve.service.http.errors import InvalidInput, NotFound, NotReady, TooLarge
 from bertserve.service.models import Model
 from bertserve.service.settings import Settings
@@ -38,6 +38,32 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (504, "queue deadline passed"),
     )
 }
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str = Field(
+        description="invalid_request_error, authentication_error, rate_limit_error or server_error"
+    )
+    param: str | None
+    code: str = Field(description="the service's error_type")
+
+
+class OpenAIErrorBody(BaseModel):
+    """The error shape of the OpenAI routes (/v1/...): service.http.errors.error_body."""
+
+    error: OpenAIErrorDetail
+
+
+OPENAI_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {**answer, "model": OpenAIErrorBody} for code, answer in ERROR_RESPONSES.items()
+}
+
+
+def error_responses(path: str) -> dict[int | str, dict[str, Any]]:
+    return OPENAI_ERROR_RESPONSES if path.startswith("/v1/") else ERROR_RESPONSES
+
+
 ModelName = Annotated[
     str | None,
     Query(description="bundle name; default: the bundle marked default for the task (GET /models)"),
@@ -61,6 +87,8 @@ def task_route(task: Task, body_type: Any = None, pick: Callable[[Any], Task] | 
             model,
             request.scope["state"],
             disconnect_watch(request.scope, request.receive),
+            user_agent(request.scope),
+            admitted(request.scope),
         )
         return Response(answer, media_type="application/json")
 
@@ -107,7 +135,7 @@ def root_route(settings: Settings) -> APIRouter:
     return router
 
 
-api = APIRouter(responses=ERROR_RESPONSES)
+api = APIRouter()
 for _task in TASKS.values():
     api.add_api_route(
         _task.path,
@@ -115,6 +143,7 @@ for _task in TASKS.values():
         methods=["POST"],
         response_model=_task.response,
         summary=_task.summary,
+        responses=error_responses(_task.path),
     )
 
 
@@ -170,7 +199,12 @@ def tokens(ctx: TaskContext, text: str, add_special_tokens: bool) -> list[dict[s
     return out
 
 
-@api.post("/tokenize", response_model=list[list[SimpleToken]], summary="Word pieces (TEI)")
+@api.post(
+    "/tokenize",
+    response_model=list[list[SimpleToken]],
+    summary="Word pieces (TEI)",
+    responses=ERROR_RESPONSES,
+)
 async def tokenize(request: Request, body: TokenizeRequest, model: ModelName = None) -> Response:
     """Each input's pieces with their offsets, as the model would see them
     (text-embeddings-inference's /tokenize)."""
@@ -192,7 +226,12 @@ async def tokenize(request: Request, body: TokenizeRequest, model: ModelName = N
     return Response(answer, media_type="application/json")
 
 
-@api.post("/decode", response_model=list[str], summary="Text from token ids (TEI)")
+@api.post(
+    "/decode",
+    response_model=list[str],
+    summary="Text from token ids (TEI)",
+    responses=ERROR_RESPONSES,
+)
 async def decode(request: Request, body: DecodeRequest, model: ModelName = None) -> list[str]:
     """Each list of ids as text (text-embeddings-inference's /decode)."""
     state = state_of(request)
@@ -215,21 +254,48 @@ async def decode(request: Request, body: DecodeRequest, model: ModelName = None)
 ops = APIRouter()
 
 
-@ops.get("/v1/models", summary="The loaded models, in OpenAI's list schema")
+class OpenAIModel(BaseModel):
+    id: str
+    object: str = "model"
+    created: int
+    owned_by: str
+
+
+class OpenAIModelList(BaseModel):
+    object: str = "list"
+    data: list[OpenAIModel]
+
+
+def openai_model(model: Model) -> dict[str, Any]:
+    return {
+        "id": model.name,
+        "object": "model",
+        "created": int(dt.datetime.fromisoformat(model.spec.created_at).timestamp()),
+        "owned_by": "bertserve",
+    }
+
+
+@ops.get(
+    "/v1/models",
+    summary="The loaded models, in OpenAI's list schema",
+    response_model=OpenAIModelList,
+)
 async def openai_models(request: Request) -> dict[str, Any]:
     state = state_of(request)
-    return {
-        "object": "list",
-        "data": [
-            {
-                "id": m.name,
-                "object": "model",
-                "created": int(dt.datetime.fromisoformat(m.spec.created_at).timestamp()),
-                "owned_by": "bertserve",
-            }
-            for m in state.models.values()
-        ],
-    }
+    return {"object": "list", "data": [openai_model(m) for m in state.models.values()]}
+
+
+@ops.get(
+    "/v1/models/{model_id}",
+    summary="One loaded model, in OpenAI's schema (openai's models.retrieve)",
+    response_model=OpenAIModel,
+    responses={404: {"model": OpenAIErrorBody, "description": "no such model"}},
+)
+async def openai_model_by_id(request: Request, model_id: str) -> dict[str, Any]:
+    found = state_of(request).models.get(model_id)
+    if found is None:
+        raise NotFound(f"no model {model_id!r}; models: {sorted(state_of(request).models)}")
+    return openai_model(found)
 
 
 # HEAD too: load balancers and uptime checkers probe with it.

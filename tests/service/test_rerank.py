@@ -126,8 +126,11 @@ def test_bad_input_names_the_field(server):
         bad_type = c.post("/v1/rerank", json={"query": QUERY, "documents": DOCS, "top_n": "2"})
     assert [r.status_code for r in (no_query, no_docs, bad_top, bad_type)] == [422] * 4
     assert "query" in no_query.json()["error"]
-    assert "documents" in no_docs.json()["error"]
-    assert "top_n" in bad_top.json()["error"] and "top_n" in bad_type.json()["error"]
+    # /v1/ answers OpenAI's error shape: {"error": {"message", "type", "param", "code"}}
+    assert "documents" in no_docs.json()["error"]["message"]
+    assert no_docs.json()["error"]["code"] == "invalid_input"
+    assert "top_n" in bad_top.json()["error"]["message"]
+    assert "top_n" in bad_type.json()["error"]["message"]
 
 
 def test_requests_share_model_calls(server):
@@ -154,3 +157,56 @@ def test_requests_share_model_calls(server):
     assert all(r.status_code == 200 for r in responses)
     assert len({r.text for r in responses}) == 1  # batched with others, the same answer
     assert calls() - before < 16
+
+
+def test_the_fields_rerank_clients_send(server, expected):
+    """litellm's `top_n` and haystack's `truncation_direction: "Left"` on /rerank; Cohere v1's
+    rank_fields and max_chunks_per_doc, v2's max_tokens_per_doc and priority on /v1/rerank."""
+    order = np.argsort(-expected, kind="stable").tolist()
+    long = "the dog and the fox " * 40
+    with server.client() as c:
+        top = c.post("/rerank", json={"query": QUERY, "texts": DOCS, "top_n": 2}).json()
+        left = c.post(
+            "/rerank",
+            json={
+                "query": QUERY,
+                "texts": [long],
+                "truncate": True,
+                "truncation_direction": "Left",
+            },
+        )
+        fields = c.post(
+            "/v1/rerank",
+            json={
+                "query": QUERY,
+                "documents": [{"title": d, "id": i} for i, d in enumerate(DOCS)],
+                "rank_fields": ["title"],
+                "return_documents": True,
+                "max_chunks_per_doc": 10,
+            },
+        ).json()
+        as_text = c.post(
+            "/v1/rerank",
+            json={"query": QUERY, "documents": [f"title: {d}" for d in DOCS]},
+        ).json()
+        cut = c.post(
+            "/v2/rerank",
+            json={"query": QUERY, "documents": [long], "max_tokens_per_doc": 5, "priority": 1},
+        ).json()
+        five = c.post("/v2/rerank", json={"query": QUERY, "documents": ["the dog and the fox"]})
+        no_field = c.post(
+            "/v1/rerank", json={"query": QUERY, "documents": [{"title": "x"}], "rank_fields": ["a"]}
+        )
+    assert [r["index"] for r in top] == order[:2]
+    assert left.status_code == 200
+    assert [r["index"] for r in fields["results"]] == [r["index"] for r in as_text["results"]]
+    assert np.allclose(
+        [r["relevance_score"] for r in fields["results"]],
+        [r["relevance_score"] for r in as_text["results"]],
+    )
+    best = fields["results"][0]
+    assert best["document"] == {"title": DOCS[best["index"]], "id": best["index"]}
+    assert cut["results"][0]["relevance_score"] == pytest.approx(
+        five.json()["results"][0]["relevance_score"], abs=1e-6
+    )
+    assert no_field.status_code == 422 and "rank_fields" in no_field.json()["error"]["message"]

@@ -100,10 +100,11 @@ def connect(live) -> socket.socket:
 
 
 def test_a_refusal_never_reaches_the_app_and_keeps_the_connection(bundle_dir, caplog):
-    """At the in-flight cap a request is answered 503 by the protocol: Retry-After, the
+    """At the in-flight cap (with no client batches queued past it) a request is answered 503
+    by the protocol: Retry-After, the
     client's request id, no access-log line (no task ran), counted in the metrics; the
     connection stays open and serves the next request once there is room."""
-    with live_server(bundles=bundle_dir, max_in_flight=1) as live:
+    with live_server(bundles=bundle_dir, max_in_flight=1, max_queued_batches=0) as live:
         caplog.set_level(logging.INFO, logger="bertserve.access")
         with connect(live) as sock:
             with one_request_held(live):
@@ -209,7 +210,7 @@ def test_each_request_meets_the_gate_once(bundle_dir):
 def test_a_burst_in_one_loop_turn_is_held_to_the_in_flight_cap(bundle_dir):
     """Requests whose headers all arrive before any is answered: the protocol takes each one's
     slot as it admits it, so exactly max_in_flight of them run and the rest get 503 at once."""
-    with live_server(bundles=bundle_dir, max_in_flight=3) as live:
+    with live_server(bundles=bundle_dir, max_in_flight=3, max_queued_batches=0) as live:
         gate = threading.Event()
         wrap(live, "sentiment", gate=gate)
         socks = [connect(live) for _ in range(8)]
@@ -484,7 +485,7 @@ def test_an_idle_connection_is_closed_after_keep_alive_s_and_not_before(bundle_d
     inside it, after an answer from the app and after a refusal by the protocol alike, and is
     closed once it has been idle that long."""
     keep_alive = 0.6
-    limits = {"max_in_flight": 1} if refused else {}
+    limits = {"max_in_flight": 1, "max_queued_batches": 0} if refused else {}
     with (
         live_server(bundles=bundle_dir, keep_alive_s=keep_alive, **limits) as live,
         one_request_held(live) if refused else contextlib.nullcontext(),
@@ -509,7 +510,9 @@ def test_an_overload_refusal_is_answered_after_the_refusal_delay_in_order(bundle
     refusal before it closes the connection."""
     delay = 0.4
     with (
-        live_server(bundles=bundle_dir, max_in_flight=1, refusal_delay_ms=delay * 1000) as live,
+        live_server(
+            bundles=bundle_dir, max_in_flight=1, max_queued_batches=0, refusal_delay_ms=delay * 1000
+        ) as live,
         one_request_held(live),
     ):
         with connect(live) as sock:
@@ -668,3 +671,38 @@ def test_the_disconnect_comes_from_the_protocol_or_from_watching_receive():
         return rows
 
     assert asyncio.run(run())[0].cancelled()
+
+
+def test_past_the_cap_a_client_batch_waits_and_one_input_is_refused_after_the_delay(bundle_dir):
+    """With every in-flight slot taken, a task request's body is read: a client batch waits
+    in the bulk lane and is answered; a request of one input is refused 503 with Retry-After,
+    after refusal_delay_ms, and none of its rows reaches the model. Past max_queued_batches
+    the protocol refuses at the headers again."""
+    delay = 0.3
+    pair = json.dumps({"inputs": ["a good film", "a bad film"]}).encode()
+    with live_server(
+        bundles=bundle_dir, max_in_flight=1, max_queued_batches=1, refusal_delay_ms=delay * 1000
+    ) as live:
+        batch = connect(live)
+        try:
+            with one_request_held(live):
+                rows = metric(live, "bertserve_batch_rows_sum", model="sentiment")
+                with connect(live) as single, connect(live) as third:
+                    sent = time.monotonic()
+                    single.sendall(post("/classify"))
+                    status, headers, body = read_response(single)
+                    assert status == 503 and headers["retry-after"] == "1"
+                    assert "in flight (the limit)" in json.loads(body)["error"]
+                    assert delay * 0.9 <= time.monotonic() - sent
+                    batch.sendall(post("/classify", pair))
+                    asyncio.run(until(lambda: live.state.queued == 1))
+                    third.sendall(post("/classify", pair))
+                    assert read_response(third)[0] == 503  # the one queued place is taken
+                    assert live.state.queued == 1
+            status, _, body = read_response(batch)
+            assert status == 200 and len(json.loads(body)) == 2
+        finally:
+            batch.close()
+        asyncio.run(until(lambda: live.state.queued == 0 and live.state.in_flight == 0))
+        # after the held request's row: the batch's two; the refused single's none
+        assert metric(live, "bertserve_batch_rows_sum", model="sentiment") - rows == 2
