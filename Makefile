@@ -10,7 +10,7 @@ EXTRAS ?= cpu,train,dev
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: help check-python install install-serve test lint format serve clean pretrained teacher \
+.PHONY: help check-python install install-serve test clients lock-clients lint format serve clean pretrained teacher \
 	lock finetune soup student-init student bundle embeddings pretrained-minilm pretrained-minilm-continue models bench reliability bench-minilm reliability-minilm image-test bench-families
 
 help:
@@ -42,8 +42,33 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint
+test: lint clients
 	$(PY) -m pytest
+
+# The client libraries (langchain, llama-index, haystack, litellm, chromadb) in a virtualenv of
+# their own: they pin their own openai, huggingface_hub and pydantic, and run as the processes
+# tests/clients/test_frameworks.py starts against a real server.
+CLIENTS_VENV ?= .venv-clients
+CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
+$(CLIENTS_STAMP): tests/clients/requirements.txt tests/clients/constraints.txt | check-python
+	test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(CLIENTS_VENV)/bin/python -m pip install --quiet -c tests/clients/constraints.txt \
+		-r tests/clients/requirements.txt
+	touch $@
+
+clients: $(CLIENTS_STAMP)
+
+# tests/clients/constraints.txt, resolved anew from its requirements.
+lock-clients: check-python
+	rm -rf runs/lock-clients
+	$(PYTHON) -m venv runs/lock-clients
+	runs/lock-clients/bin/pip install --quiet --upgrade pip
+	runs/lock-clients/bin/pip install --quiet -r tests/clients/requirements.txt
+	runs/lock-clients/bin/pip check
+	{ echo "# Resolved from tests/clients/requirements.txt by \`make lock-clients\` ($$(date +%F)); \`pip check\` clean."; \
+		runs/lock-clients/bin/pip freeze; } > tests/clients/constraints.txt
+	rm -rf runs/lock-clients
 
 # Serving needs only the cpu extra (no torch): a fresh clone installs that much and serves.
 SERVE_STAMP := $(VENV)/.installed-serve

@@ -86,5 +86,18 @@ def hf_checkpoint(directory: Path, architecture: str, seed: int = 0) -> Path:
     return directory
 
 
+def cross_encoder(directory: Path) -> Path:
+    """A tiny cross-encoder: a one-output BertForSequenceClassification, as sentence-transformers'
+    CrossEncoder saves one, with scores spread wide enough that their order means something."""
+    config = transformers.BertConfig(**TINY_SHAPE, max_position_embeddings=64, num_labels=1)
+    torch.manual_seed(3)
+    model = transformers.BertForSequenceClassification(config).eval()
+    with torch.no_grad():
+        model.classifier.weight.mul_(20)
+    model.save_pretrained(directory, safe_serialization=True)
+    write_vocab(directory / "vocab.txt")
+    return directory
+
+
 def make_checkpoints(root: Path) -> dict[str, Path]:
     return {name: hf_checkpoint(root / name, name) for name in HF_CLASSES}

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-import transformers
 
-from tests.helpers.checkpoints import TINY_SHAPE, write_vocab
+from tests.helpers.checkpoints import cross_encoder as tiny_cross_encoder
 from tests.helpers.server import live_server
 
 pytestmark = pytest.mark.slow
@@ -26,15 +24,7 @@ DOCS = [
 
 @pytest.fixture(scope="module")
 def cross_encoder(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("cross-encoder")
-    config = transformers.BertConfig(**TINY_SHAPE, max_position_embeddings=64, num_labels=1)
-    torch.manual_seed(3)
-    model = transformers.BertForSequenceClassification(config).eval()
-    with torch.no_grad():
-        model.classifier.weight.mul_(20)  # spread the scores: their order should mean something
-    model.save_pretrained(directory, safe_serialization=True)
-    write_vocab(directory / "vocab.txt")
-    return directory
+    return tiny_cross_encoder(tmp_path_factory.mktemp("cross-encoder"))
 
 
 @pytest.fixture(scope="module")

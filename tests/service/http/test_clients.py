@@ -156,3 +156,17 @@ def test_types_are_strict(server):
         as_float = c.post("/v1/embeddings", json={"input": "x", "dimensions": 8.5})
         as_int = c.post("/embed", json={"inputs": "x", "truncate": 1})
     assert [r.status_code for r in (as_text, as_float, as_int)] == [422, 422, 422]
+
+
+def test_inference_client_truncates_at_either_end(inference_client, server):
+    """feature_extraction's truncate and truncation_direction reach the model: a text past
+    the model's 256 tokens cut at its start is embedded as its tail is."""
+    long = " ".join(f"river {i} runs past the mill." for i in range(120))
+    client = inference_client
+    right = client.feature_extraction(long, truncate=True)
+    left = client.feature_extraction(long, truncate=True, truncation_direction="Left")
+    with server.client() as c:
+        pieces = c.post("/tokenize", json={"inputs": long, "add_special_tokens": False}).json()[0]
+        tail = c.post("/embed", json={"inputs": long[pieces[-254]["start"] :]}).json()
+    assert np.allclose(left[0], tail[0], atol=1e-5)
+    assert not np.allclose(left[0], right[0], atol=1e-2)
