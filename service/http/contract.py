@@ -7,7 +7,7 @@ body the document allows is a body the service accepts.
 - the mask token a /fill-mask input must contain: a `pattern` (the served models' tokens);
 - the prompts `prompt_name` may name: an `enum` (the bundles' declared prompts);
 - the token ids /decode and OpenAI's token-id inputs may hold: `maximum` (the smallest served
-  vocabulary, less one);
+  vocabulary, less one), and for OpenAI's `not` the ids no text tokenises to;
 - the `dimensions` an embedding may be cut to: `maximum` (the narrowest embedding model's
   width).
 
@@ -70,9 +70,14 @@ def bind(schema: JsonSchema, settings: Settings, models: dict[str, Model]) -> Js
         if not chosen:
             continue
         top = min(m.spec.tokenizer.vocab_size for m in chosen) - 1
+        # Embedding inputs: not the ids no text tokenises to, which are refused as another
+        # tokenizer's (runtime.tasks.common.TaskContext.foreign_ids).
+        foreign = sorted({i for m in chosen for i in m.ctx.foreign_ids}) if capability else []
         for node in resolve(components, components.get(name), (field,)):
             for ids in integers(node):
                 ids["maximum"] = top
+                if foreign:
+                    ids["not"] = {"enum": foreign}
 
     # `dimensions` is at most the served embedding models' width (the narrowest).
     embedders = [models[n] for n in by_task.get("embed", [])]

@@ -380,6 +380,22 @@ def test_bad_input_gets_a_clear_4xx(server, path, body, status, message):
     assert response.headers["x-request-id"]
 
 
+def test_a_client_batch_may_use_a_row_an_input(server):
+    """The row bound (max_request_rows, 64) is for the windows of long texts: a client batch
+    of 100 short texts is 100 rows, for every task."""
+    bodies = {
+        "/classify": {"inputs": ["a fine film"] * 100},
+        "/ner": {"inputs": ["Ada lives in Paris"] * 100},
+        "/qa": {"inputs": [{"question": "who ?", "context": "Ada lives in Paris"}] * 100},
+        "/fill-mask": {"inputs": ["a [MASK] film"] * 100, "parameters": {"top_k": 2}},
+    }
+    with server.client() as c:
+        for path, body in bodies.items():
+            answer = c.post(path, json=body)
+            assert answer.status_code == 200, (path, answer.text)
+            assert len(answer.json()) == 100
+
+
 def test_fields_nobody_reads_here_are_ignored(server):
     """As text-embeddings-inference and the Hugging Face Inference API ignore them: clients add
     their own (huggingface_hub's `align_to_words`, the Inference API's `options`)."""
