@@ -66,6 +66,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_batch_rows",
         "max_batch_tokens",
         "max_wait_ms",
+        "bulk_nice",
         "split_batches",
         "max_queue_rows",
         "max_bulk_queue_rows",
@@ -194,6 +195,14 @@ class Settings(BaseSettings):
         0.0,
         ge=0,
         description="how long an idle model waits for a batch to fill; 0: run what is queued",
+    )
+    bulk_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="OS niceness of the thread that runs calls holding only client batches' "
+        "rows: interactive work on the same cores (another model's call, the event loop) gets "
+        "the CPU first; 0: the same priority",
     )
     split_batches: bool = Field(
         True,
