@@ -22,12 +22,12 @@ the loop itself dies it is restarted and readiness is false until it is.
 
 A lone request, one row with nothing queued behind it and no other request in flight in any process
 on these cores (`Activity`), runs alone: on the backend's lone session, which has every core
-(runtime.engine). So do the calls of a client batch that is the only request in flight. A lone call
-that costs little runs on the event loop's own thread, since handing a short call to the model's
-thread and its answer back costs a large share of the call (docs/performance.md#what-limits-it); the
-loop waits for that one call, so only a call measured to take at most `LoneCost.INLINE_S` does (a
-heavy one on the loop held /health/live for 600 ms). A heavier lone call goes to the model's thread,
-still on the lone session. Everything else runs as above.
+(runtime.engine). So do client batches' calls while no other process has a request in flight. A lone
+call that costs little runs on the event loop's own thread, since handing a short call to the
+model's thread and its answer back costs a large share of the call (docs/performance.md#what-limits-
+it); the loop waits for that one call, so only a call measured to take at most `LoneCost.INLINE_S`
+does (a heavy one on the loop held /health/live for 600 ms). A heavier lone call goes to the model's
+thread, still on the lone session. Everything else runs as above.
 """
 
 from __future__ import annotations
@@ -77,6 +77,10 @@ class Activity:
 
     def alone(self) -> bool:
         return sum(self.counts) <= 1
+
+    def others_idle(self) -> bool:
+        """No request in flight in any other process on these cores."""
+        return sum(self.counts) == self.counts[self.slot]
 
     def begin(self) -> None:
         self.counts[self.slot] += 1
@@ -419,15 +423,16 @@ class Batcher:
             if not batch:
                 continue
             feeds, lengths = self._pad(batch)
-            # One request in flight anywhere: its call may take every core. A lone row (nothing
-            # queued behind it), or a client batch's rows: a 2,048-text request on one worker's
-            # one thread ran at 0.61x the rate of the same texts as 64 requests spread over both
-            # workers (bertserve bench clients).
+            # Calls that may take every core (the backend's lone session): a lone row (nothing
+            # queued behind it) of the only request in flight anywhere, and client batches' rows
+            # while no other process on these cores has a request in flight. A 2,048-text request
+            # on one worker's one thread ran at 0.61x the rate of the same texts as 64 requests
+            # spread over both workers (bertserve bench clients), and 8 connections of client
+            # batches that all landed on one worker ran at half the rate of the same load spread.
             lone = len(batch) == 1 and not self._items
-            alone = (
-                (lone or batch[0].request.bulk)
-                and self.activity.alone()
-                and getattr(self.backend, "runs_alone", False)
+            bulk = all(item.request.bulk for item in batch)
+            alone = getattr(self.backend, "runs_alone", False) and (
+                (lone and self.activity.alone()) or (bulk and self.activity.others_idle())
             )
             started = time.monotonic()
             self._running = batch
@@ -438,7 +443,6 @@ class Batcher:
                 if inline:  # on this thread: no hand-off to the model's thread and back
                     outputs, call_s = self._run(feeds, alone)
                 else:
-                    bulk = not alone and all(item.request.bulk for item in batch)
                     executor = self._bulk_executor if bulk else self._executor
                     outputs, call_s = await loop.run_in_executor(executor, self._run, feeds, alone)
             except Exception:  # the backend's failure fails this batch only

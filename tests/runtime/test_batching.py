@@ -402,10 +402,11 @@ def test_a_request_in_another_worker_keeps_a_lone_row_off_every_core(lone_engine
     assert [(rows, alone) for rows, alone, _ in calls] == [(1, True)]  # the only one
 
 
-def test_a_client_batch_alone_in_the_service_takes_every_core(lone_engine):
-    """The only request in flight, a client batch: its calls take the lone session (one
-    worker's one thread served a 2,048-text request at 0.61x the rate of the same texts spread
-    over both workers), on the model's thread; with another request in flight, they do not."""
+def test_a_client_batch_takes_every_core_while_the_other_workers_are_idle(lone_engine):
+    """A client batch while no other worker has a request in flight: its calls take the lone
+    session (one worker's one thread served a 2,048-text request at 0.61x the rate of the same
+    texts spread over both workers), on the model's thread; with a request in flight in
+    another worker, they do not."""
 
     async def run(activity):
         backend = Recorded(lone_engine)
@@ -422,6 +423,10 @@ def test_a_client_batch_alone_in_the_service_takes_every_core(lone_engine):
     calls, shared_answers, _ = asyncio.run(run(Activity([1, 1], slot=0)))
     assert [(rows, alone) for rows, alone, _ in calls] == [(3, False)]
     np.testing.assert_allclose(alone_answers, shared_answers, atol=1e-5)
+    # Several requests here, none in the other worker (its connections all landed here): the
+    # other worker's cores are idle, and this batch takes them.
+    calls, _, _ = asyncio.run(run(Activity([5, 0], slot=0)))
+    assert [(rows, alone) for rows, alone, _ in calls] == [(3, True)]
 
 
 def test_client_batches_alone_in_a_call_run_at_a_lower_os_priority(lone_engine):
@@ -444,7 +449,7 @@ def test_client_batches_alone_in_a_call_run_at_a_lower_os_priority(lone_engine):
     async def run():
         backend = Niceness(lone_engine)
         settings = Settings(bulk_nice=7)
-        busy = Activity([2], slot=0)  # another request in flight: no call runs alone
+        busy = Activity([1, 1], slot=0)  # a request in the other worker: no call runs alone
         batcher = Batcher("m", backend, settings, Metrics(), {"logits": "row"}, 0, None, busy)
         batcher.start()
         rows = [Row(np.arange(5, 5 + n, dtype=np.int64), np.zeros(n, np.int64)) for n in (6, 7)]
