@@ -24,10 +24,11 @@ A lone request, one row with nothing queued behind it and no other request in fl
 on these cores (`Activity`), runs alone: on the backend's lone session, which has every core
 (runtime.engine). So do client batches' calls while no other process has a request in flight. A lone
 call that costs little runs on the event loop's own thread, since handing a short call to the
-model's thread and its answer back costs a large share of the call (docs/performance.md#what-limits-
-it); the loop waits for that one call, so only a call measured to take at most `LoneCost.INLINE_S`
-does (a heavy one on the loop held /health/live for 600 ms). A heavier lone call goes to the model's
-thread, still on the lone session. Everything else runs as above.
+model's thread and its answer back costs a large share of the call
+(docs/performance.md#what-limits-it); the loop waits for that one call, so only a call measured to
+take at most `LoneCost.INLINE_S` does (a heavy one on the loop held /health/live for 600 ms). A
+heavier lone call goes to the model's thread, still on the lone session. Everything else runs as
+above.
 """
 
 from __future__ import annotations
@@ -471,9 +472,10 @@ class Batcher:
                     )
                 )
             now = time.monotonic()
-            if alone:  # on more threads than a loaded server has: not the rate under load
-                if lone:
-                    self.lone_cost.observe(feeds, call_s)
+            if alone and lone:  # on more threads than a loaded server has: not its rate under
+                # load. A client batch's calls alone are measured: the bulk lane's time bound
+                # (refusal) needs a rate, and they may be all the model runs.
+                self.lone_cost.observe(feeds, call_s)
                 cycle_start = now
                 continue
             # Rows served per second of a whole cycle (waiting for the loop, padding, the model,

@@ -56,7 +56,10 @@ class Admission:
         if connections > self.settings.max_connections:
             return self._connections
         if state.in_flight - state.queued >= self.settings.max_in_flight and not (
-            state.queued < self.settings.max_queued_batches and self.may_queue(method, path)
+            state.queued < self.settings.max_queued_batches
+            and state.queued_bytes < self.settings.max_queued_bytes
+            and self.may_queue(method, path)
+            and bulk_room(state.models, routed(path, self.settings))
         ):
             return self.crowded
         if state.receiving >= self.settings.max_receiving:
@@ -94,6 +97,18 @@ def root_task(data: Any, settings: Settings) -> Task:
     if isinstance(inputs, dict) and "source_sentence" in inputs:
         return TASKS["/similarity"]
     return TASKS[settings.root_task]
+
+
+def bulk_room(models: dict[str, Model], task: Task | None) -> bool:
+    """Some model serving `task` has room in its bulk lane (a client batch's rows would be
+    queued, not refused): only then may a request wait past the in-flight cap."""
+    if task is None:
+        return False
+    return any(
+        m.batcher.refusal(2, bulk=True) is None
+        for m in models.values()
+        if task.capability in m.spec.tasks
+    )
 
 
 def saturated(models: dict[str, Model], task: str) -> str | None:

@@ -9,18 +9,22 @@ evaluation calls the same task code with its own backend (model/training/evaluat
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 import orjson
 from pydantic import BaseModel
 
-from bertserve.runtime.batching import Row, RowResult, gather
+from bertserve.runtime.batching import Row, RowResult, gather, lower_priority
 from bertserve.runtime.tasks import Task
 from bertserve.runtime.tasks.common import checkpoint, deadline_check, unwatch, watch
 from bertserve.service.http.asgi import Gone
-from bertserve.service.http.errors import InvalidInput, TooLarge
+from bertserve.service.http.errors import InvalidInput, Overloaded, RequestError, TooLarge
 from bertserve.service.state import Model, ServiceState, Slot
 
 
@@ -91,20 +95,20 @@ async def _handle(
         single = False  # answered as a list of one input's answer
     if not items:
         raise InvalidInput("inputs is an empty list")
-    if slot is not None:
-        if len(items) > 1:
-            slot.batch()  # waits in the bulk lane; its in-flight slot goes to single requests
-        elif slot.queued:  # past the in-flight cap only a client batch may wait: refused as
-            # the protocol refuses at the cap, after the same delay (a client that retries at
-            # once must not make refusals most of the work)
-            await asyncio.sleep(settings.refusal_delay_ms / 1000)
-            raise state.admission.crowded
     most = settings.request_limits[task.batch_limit]
     if len(items) > most:
         raise TooLarge(
             f"{len(items)} {task.items_name} in one request; the limit is {most} "
             f"(BERTSERVE_{task.batch_limit.upper()})"
         )
+    if len(items) > 1:  # a client batch: refused before its tokenising if its lane is full
+        full = model.batcher.refusal(len(items), bulk=True)
+        if full is not None:
+            await refuse(state, slot, Overloaded(f"{full}; retry shortly", retry_after_s=1))
+        if slot is not None:
+            slot.batch()  # waits in the bulk lane; its in-flight slot goes to single requests
+    elif slot is not None and slot.queued:  # past the in-flight cap only a client batch waits
+        await refuse(state, slot, state.admission.crowded)
     call = Call(state, task, model, request, items, single, stats, disconnected)
     cost = task.check_cost(model.ctx, items, request, settings)
     if cost <= settings.inline_cost:
@@ -117,20 +121,31 @@ async def _handle(
             await asyncio.to_thread(state.trimmer.trim)
 
 
+async def refuse(state: ServiceState, slot: Slot | None, error: RequestError) -> NoReturn:
+    """Refuse for load as the protocol refuses at the gate: after refusal_delay_ms (a client
+    that retries at once must not make refusals most of the work), its place given back first
+    so that waiting out the delay holds none."""
+    if slot is not None:
+        slot.release()
+    await asyncio.sleep(state.settings.refusal_delay_ms / 1000)
+    raise error
+
+
 async def _run(call: Call, off_loop: bool) -> Any:
     settings, task, model = call.state.settings, call.task, call.model
     stage = call.state.metrics.stages(task.path)
     t0 = time.perf_counter()
+    bulk = len(call.items) > 1
+    nice = settings.bulk_nice if bulk else None
     if off_loop:
-        call.rows, call.prepared = await asyncio.to_thread(
-            task.prepare, model.ctx, call.items, call.request
+        call.rows, call.prepared = await off_the_loop(
+            nice, task.prepare, model.ctx, call.items, call.request
         )
     else:
         call.rows, call.prepared = task.prepare(model.ctx, call.items, call.request)
     t1 = time.perf_counter()
     checkpoint()
     rows = call.rows
-    bulk = len(call.items) > 1
     # More could never be admitted: a client batch's rows queue in the bulk lane.
     queue = settings.max_bulk_queue_rows if bulk else settings.max_queue_rows
     # A row an input at least (2,048 texts are 2,048 rows); the windows of long texts, more.
@@ -144,7 +159,7 @@ async def _run(call: Call, off_loop: bool) -> Any:
     call.results = results = await submit(model, rows, call.disconnected, bulk=bulk)
     t2 = time.perf_counter()
     checkpoint()
-    body_out = await asyncio.to_thread(finish, call) if off_loop else finish(call)
+    body_out = await off_the_loop(nice, finish, call) if off_loop else finish(call)
     t3 = time.perf_counter()
     checkpoint()  # a client that left while its answer was made: logged 499, not 200
     # The request waited for its slowest row: that is its queue and inference time, in the
@@ -157,6 +172,29 @@ async def _run(call: Call, off_loop: bool) -> Any:
     stage["inference"].observe(inference_s)
     stage["postprocess"].observe(t3 - t2)
     return body_out
+
+
+T = TypeVar("T")
+# Client batches tokenise and decode on threads of their own, at bulk_nice: 512 of them queued
+# on asyncio's default pool (6 threads on 2 cores) would hold up a long /qa request of one
+# input behind them.
+_BULK_POOL: ThreadPoolExecutor | None = None
+
+
+async def off_the_loop(nice: int | None, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` on a worker thread: a client batch's (`nice`: bulk_nice) on the bulk pool,
+    any other (None) on asyncio's default one; the request's context (its deadline check)
+    goes with it."""
+    if nice is None:
+        return await asyncio.to_thread(fn, *args)
+    global _BULK_POOL
+    if _BULK_POOL is None:
+        _BULK_POOL = ThreadPoolExecutor(
+            2, "bulk-prepare", initializer=lower_priority, initargs=(nice,)
+        )
+    context = contextvars.copy_context()
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_BULK_POOL, functools.partial(context.run, fn, *args))
 
 
 def finish(call: Call) -> bytes:

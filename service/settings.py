@@ -75,6 +75,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "request_timeout_s",
         "max_in_flight",
         "max_queued_batches",
+        "max_queued_bytes",
         "max_receiving",
         "refusal_delay_ms",
         "inline_cost",
@@ -261,6 +262,13 @@ class Settings(BaseSettings):
         "max_in_flight: they wait in the model's bulk lane, bounded by max_bulk_queue_rows and "
         "its time bound, instead of a 503; a request of one input past max_in_flight is still "
         "refused; 0: none",
+    )
+    max_queued_bytes: int = Field(
+        64_000_000,
+        ge=0,
+        description="the bodies of the client batches queued past max_in_flight, a process "
+        "(Content-Length; a chunked body counts as max_body_bytes): what they may hold in "
+        "memory, with their parsed texts, stays a few times this",
     )
     max_receiving: int = Field(
         256,

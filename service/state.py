@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from bertserve.runtime.batching import Activity
@@ -35,7 +35,9 @@ class Slot:
 
     A body that completes when every in-flight slot is taken is refused then (`refused`,
     answered by the app's BodyLimit), so the cap holds, unless it is a task's request
-    (`may_queue`) and fewer than `max_queued_batches` are queued past the cap: then it is
+    (`may_queue`) and a queued place is free (fewer than `max_queued_batches`, whose bodies
+    come to at most `max_queued_bytes`), while the task's model has room in its bulk lane
+    (service.admission): then it is
     `queued`, and the handler serves it only if it is a client batch, whose rows wait in the
     batcher's bulk lane behind the interactive ones; a request of one input is refused there
     as at the cap (service.handler). A client batch that took an in-flight slot moves to a
@@ -44,13 +46,38 @@ class Slot:
     of an indexing job at once) waits for the model instead of meeting 503s, while requests
     of one input keep the bound on their latency."""
 
-    __slots__ = ("may_queue", "stage", "state")
+    __slots__ = ("may_queue", "size", "stage", "state")
     RECEIVING, IN_FLIGHT, QUEUED, DONE, REFUSED = range(5)
 
     def __init__(self, state: ServiceState | None, may_queue: bool = False) -> None:
         self.state, self.stage, self.may_queue = state, self.RECEIVING, may_queue
+        self.size = state.settings.max_body_bytes if state is not None else 0
         if state is not None:
             state.receiving += 1
+
+    def declare(self, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        """The body's size, from its Content-Length (a chunked body counts as the largest):
+        what a queued place holds against `max_queued_bytes`."""
+        state = self.state
+        if state is None:
+            return
+        declared = next((v for k, v in headers if k.lower() == b"content-length"), b"")
+        if declared.isdigit():
+            self.size = min(int(declared), state.settings.max_body_bytes)
+
+    def _room(self, state: ServiceState) -> bool:
+        """A queued place is free: fewer than max_queued_batches, their bodies within
+        max_queued_bytes."""
+        settings = state.settings
+        return (
+            state.queued < settings.max_queued_batches
+            and state.queued_bytes + self.size <= settings.max_queued_bytes
+        )
+
+    def _queue(self, state: ServiceState) -> None:
+        self.stage = self.QUEUED
+        state.queued += 1
+        state.queued_bytes += self.size
 
     def take(self) -> None:
         state = self.state
@@ -60,9 +87,8 @@ class Slot:
         settings = state.settings
         if state.in_flight - state.queued < settings.max_in_flight:
             self.stage = self.IN_FLIGHT
-        elif self.may_queue and state.queued < settings.max_queued_batches:
-            self.stage = self.QUEUED
-            state.queued += 1
+        elif self.may_queue and self._room(state):
+            self._queue(state)
         else:
             self.stage = self.REFUSED
             return
@@ -84,13 +110,8 @@ class Slot:
         slot back to requests of one input if a queued place is free (200 concurrent client
         batches would otherwise take every slot, and a single request meet the cap)."""
         state = self.state
-        if (
-            state is not None
-            and self.stage == self.IN_FLIGHT
-            and state.queued < state.settings.max_queued_batches
-        ):
-            self.stage = self.QUEUED
-            state.queued += 1
+        if state is not None and self.stage == self.IN_FLIGHT and self._room(state):
+            self._queue(state)
 
     def release(self) -> None:
         state, stage = self.state, self.stage
@@ -102,6 +123,7 @@ class Slot:
             return
         if stage == self.QUEUED:
             state.queued -= 1
+            state.queued_bytes -= self.size
         state.activity.end()
         state.metrics.in_flight.dec()
 
@@ -132,6 +154,7 @@ class ServiceState:
     activity: Activity = field(default_factory=Activity)
     receiving: int = 0  # admitted API requests whose body is still arriving (Slot)
     queued: int = 0  # client batches admitted past max_in_flight, among in_flight (Slot)
+    queued_bytes: int = 0  # their bodies' sizes (Slot.declare)
     _warming: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:

@@ -19,6 +19,7 @@ import uuid
 from typing import Annotated, Any, ClassVar
 
 import numpy as np
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from bertserve.runtime.batching import Row, RowResult
@@ -38,6 +39,9 @@ from bertserve.runtime.tasks.embed import Truncate
 Documents = Annotated[list[Text], Field(min_length=1)]
 
 
+TopN = Annotated[int, Field(ge=1), WHOLE] | None
+
+
 class RerankRequest(Request):
     query: Text
     texts: Documents = Field(description="at most BERTSERVE_MAX_RERANK_DOCUMENTS")
@@ -54,9 +58,6 @@ class RankItem(BaseModel):
     index: int
     score: float
     text: str | None = None
-
-
-TopN = Annotated[int, Field(ge=1), WHOLE] | None
 
 
 class DocumentText(BaseModel):
@@ -139,6 +140,11 @@ def first_tokens(ctx: TaskContext, text: str, most: int) -> str:
     return text[: span[1]] if span else text
 
 
+def field_text(value: Any) -> str:
+    """A field's value as a rank_fields line writes it: a string as it is, else its JSON."""
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
 def document_text(document: str | DocumentText, fields: list[str] | None, index: int) -> str:
     """What a document is ranked on: a string as it is; an object's text, or with
     `rank_fields` the fields it has of those named, as "field: value" lines."""
@@ -152,7 +158,7 @@ def document_text(document: str | DocumentText, fields: list[str] | None, index:
                 "naming the fields to rank on"
             )
         return document.text
-    lines = [f"{name}: {values[name]}" for name in fields if name in values]
+    lines = [f"{name}: {field_text(values[name])}" for name in fields if name in values]
     if not lines:
         raise InvalidInput(f"documents.{index}: has none of the rank_fields {fields}")
     return "\n".join(lines)
@@ -240,7 +246,9 @@ class CohereRerank(Task):
         self, ctx: TaskContext, items: list[str], request: CohereRerankRequest
     ) -> tuple[list[Row], list[str]]:
         most = request.max_tokens_per_doc
-        texts = items if most is None else [first_tokens(ctx, t, most) for t in items]
+        texts = [ctx.check_text(t, f"document {i}") for i, t in enumerate(items)]
+        if most is not None:
+            texts = [first_tokens(ctx, t, most) for t in texts]
         return pair_rows(ctx, request.query, texts, truncate=True), items
 
     def finish(

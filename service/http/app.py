@@ -152,6 +152,9 @@ class RequestContext:
                     return
             elif held is not None and msg["type"] == "http.response.body":
                 start, held = held, None
+                if msg.get("more_body"):  # not one of the service's error bodies: as it is
+                    await send(start)
+                    return await send(msg)
                 body = openai_shaped(msg.get("body", b""), status)
                 start["headers"] = [
                     (k, str(len(body)).encode() if k == b"content-length" else v)

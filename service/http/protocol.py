@@ -382,6 +382,7 @@ class GuardedProtocol(HttpToolsProtocol):
                 return
             extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
             extensions[ADMITTED] = decision
+            decision.declare(self.headers)
         super().on_headers_complete()
         if type(self.cycle) is RequestResponseCycle:
             self.cycle.__class__ = OneWriteCycle
@@ -405,6 +406,7 @@ class GuardedProtocol(HttpToolsProtocol):
                 app = refusal_app(decision)
             else:
                 extensions[ADMITTED] = decision
+                decision.declare(cycle.scope["headers"])
                 if not cycle.more_body:  # its body is in already
                     decision.take()
         super()._start_asgi_task(cycle, app)

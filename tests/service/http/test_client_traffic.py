@@ -168,8 +168,11 @@ def test_token_ids_of_another_tokenizer_are_refused(openai_client, server):
     with server.client() as c:
         pieces = c.post("/tokenize", json={"inputs": "the quick brown fox"}).json()[0]
     ours = [p["id"] for p in pieces if not p["special"]]
-    got = openai_client.embeddings.create(input=[ours], model="minilm-embed")
-    assert np.allclose(got.data[0].embedding, embed(server, ["the quick brown fox"])[0], atol=1e-6)
+    framed = [p["id"] for p in pieces]  # /tokenize's default: [CLS] ... [SEP], as transformers'
+    got = openai_client.embeddings.create(input=[ours, framed], model="minilm-embed")
+    right = embed(server, ["the quick brown fox"])[0]
+    assert np.allclose(got.data[0].embedding, right, atol=1e-6)
+    assert np.allclose(got.data[1].embedding, right, atol=1e-6)
 
 
 @pytest.fixture(scope="module")

@@ -706,3 +706,40 @@ def test_past_the_cap_a_client_batch_waits_and_one_input_is_refused_after_the_de
         asyncio.run(until(lambda: live.state.queued == 0 and live.state.in_flight == 0))
         # after the held request's row: the batch's two; the refused single's none
         assert metric(live, "bertserve_batch_rows_sum", model="sentiment") - rows == 2
+
+
+def test_a_client_batch_its_lane_cannot_take_is_refused_before_its_work(bundle_dir):
+    """The bulk lane holds 4 rows, 3 of them a waiting batch's: another batch of 3 is answered
+    429 before it is tokenised, after refusal_delay_ms, with Retry-After."""
+    delay = 0.2
+    three = json.dumps({"inputs": ["a", "b", "c"]}).encode()
+    with live_server(
+        bundles=bundle_dir, max_in_flight=3, max_bulk_queue_rows=4, refusal_delay_ms=delay * 1000
+    ) as live:
+        waiting = connect(live)
+        try:
+            with one_request_held(live):
+                waiting.sendall(post("/classify", three))  # its 3 rows wait in the lane
+                asyncio.run(until(lambda: live.state.queued == 1))
+                with connect(live) as full:
+                    sent = time.monotonic()
+                    full.sendall(post("/classify", three))
+                    status, headers, body = read_response(full)
+                    assert status == 429 and headers["retry-after"] == "1", body
+                    assert "client-batch sequences queued" in json.loads(body)["error"]
+                    assert time.monotonic() - sent >= delay * 0.9
+            assert read_response(waiting)[0] == 200
+        finally:
+            waiting.close()
+
+
+def test_past_the_cap_a_body_over_max_queued_bytes_gets_no_place(bundle_dir):
+    pair = json.dumps({"inputs": ["a good film " * 40, "b"]}).encode()
+    with (
+        live_server(bundles=bundle_dir, max_in_flight=1, max_queued_bytes=len(pair) - 1) as live,
+        one_request_held(live),
+        connect(live) as large,
+    ):
+        large.sendall(post("/classify", pair))
+        assert read_response(large)[0] == 503
+        assert live.state.queued == 0 and live.state.queued_bytes == 0
