@@ -81,6 +81,15 @@ class OpenAIEmbeddingsRequest(Request):
     dimensions: Dimensions = None
     user: str | None = Field(None, description="accepted and ignored")
     truncate: Truncate = None  # an extension: OpenAI's API has no such field
+    # Jina's embeddings API: the same route with more fields (langchain's JinaEmbeddings).
+    normalized: bool | None = Field(
+        None, description="(Jina) unit-length vectors; default: as the bundle pools"
+    )
+    embedding_type: Literal["float", "base64"] | None = Field(
+        None, description="(Jina) as encoding_format; binary types are not served"
+    )
+    task: str | None = Field(None, description="(Jina) accepted and ignored")
+    late_chunking: bool | None = Field(None, description="(Jina) accepted and ignored")
 
 
 class SimilarityInputs(BaseModel):
@@ -249,7 +258,7 @@ class OpenAIEmbeddings(Task):
 
     def check_cost(self, ctx: TaskContext, items: list[Any], request: Any, limits: Any) -> int:
         check_dimensions(ctx, request.dimensions)
-        base64 = request.encoding_format == "base64"
+        base64 = (request.embedding_type or request.encoding_format) == "base64"
         check_answer(ctx, len(items), request.dimensions, base64, limits)
         return sum(len(t) for t in items)  # characters, or ids (about as costly to encode)
 
@@ -273,8 +282,12 @@ class OpenAIEmbeddings(Task):
         request: OpenAIEmbeddingsRequest,
     ) -> list[Any]:
         normalize = ctx.spec.pooling.normalize if ctx.spec.pooling else True
+        if request.normalized is not None:
+            normalize = request.normalized
         vectors = embeddings(results, normalize, request.dimensions)
-        if request.encoding_format == "base64":  # little-endian float32, as OpenAI sends it
+        if (
+            request.embedding_type or request.encoding_format
+        ) == "base64":  # little-endian float32, as OpenAI sends it
             return [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vectors]
         return vectors
 

@@ -206,3 +206,28 @@ def test_huggingface_hub_reads_top_k_labels(classify_server, monkeypatch):
             json={"inputs": "a charming and often affecting journey", "parameters": {"top_k": 2}},
         ).json()
     assert [x["label"] for x in flat] == [x.label for x in labels]
+
+
+def test_jina_fields_on_the_openai_route(server):
+    """langchain's JinaEmbeddings posts Jina's fields to /v1/embeddings: `normalized` and
+    `embedding_type` are honoured, `task` and `late_chunking` accepted and ignored."""
+    texts = ["a river runs past the mill", "the sea is grey"]
+    body = {
+        "input": texts,
+        "model": "jina-embeddings-v3",
+        "task": "retrieval.passage",
+        "late_chunking": False,
+        "embedding_type": "float",
+        "dimensions": 64,
+    }
+    with server.client() as c:
+        unit = c.post("/v1/embeddings", json=body)
+        raw = c.post("/v1/embeddings", json=body | {"normalized": False, "dimensions": None})
+        binary = c.post("/v1/embeddings", json=body | {"embedding_type": "binary"})
+    assert unit.status_code == 200 and raw.status_code == 200
+    vectors = np.asarray([d["embedding"] for d in unit.json()["data"]])
+    full = embed(server, texts, normalize=False)
+    expected = full[:, :64] / np.linalg.norm(full[:, :64], axis=1, keepdims=True)
+    assert np.allclose(vectors, expected, atol=1e-5)
+    assert np.allclose([d["embedding"] for d in raw.json()["data"]], full, atol=1e-5)
+    assert binary.status_code == 422 and "embedding_type" in binary.json()["error"]["message"]
