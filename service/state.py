@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bertserve.runtime.batching import Activity
@@ -49,21 +49,15 @@ class Slot:
     __slots__ = ("may_queue", "size", "stage", "state")
     RECEIVING, IN_FLIGHT, QUEUED, DONE, REFUSED = range(5)
 
-    def __init__(self, state: ServiceState | None, may_queue: bool = False) -> None:
+    def __init__(self, state: ServiceState | None, may_queue: bool = False, size: int = -1) -> None:
+        """`size`: the body's Content-Length (-1: chunked, counted as the largest body), what a
+        queued place holds against `max_queued_bytes`."""
         self.state, self.stage, self.may_queue = state, self.RECEIVING, may_queue
-        self.size = state.settings.max_body_bytes if state is not None else 0
+        self.size = 0
         if state is not None:
+            limit = state.settings.max_body_bytes
+            self.size = min(size, limit) if size >= 0 else limit
             state.receiving += 1
-
-    def declare(self, headers: Iterable[tuple[bytes, bytes]]) -> None:
-        """The body's size, from its Content-Length (a chunked body counts as the largest):
-        what a queued place holds against `max_queued_bytes`."""
-        state = self.state
-        if state is None:
-            return
-        declared = next((v for k, v in headers if k.lower() == b"content-length"), b"")
-        if declared.isdigit():
-            self.size = min(int(declared), state.settings.max_body_bytes)
 
     def _room(self, state: ServiceState) -> bool:
         """A queued place is free: fewer than max_queued_batches, their bodies within
@@ -160,15 +154,18 @@ class ServiceState:
     def __post_init__(self) -> None:
         self.admission = Admission(self.settings)
 
-    def admit(self, method: str, path: str, connections: int = 0) -> RequestError | Slot:
+    def admit(
+        self, method: str, path: str, connections: int = 0, size: int = -1
+    ) -> RequestError | Slot:
         """The gate, decided once a request (service.admission): why it is answered at once,
-        or the admitted request's Slot (an in-flight slot once its body is complete)."""
-        refusal = self.admission.refusal(self, method, path, connections)
+        or the admitted request's Slot (an in-flight slot once its body is complete). `size`:
+        the body's Content-Length, -1 if it declared none."""
+        refusal = self.admission.refusal(self, method, path, connections, size)
         if refusal is not None:
             return refusal
         if path in PUBLIC_PATHS:
             return FREE
-        return Slot(self, may_queue=self.admission.may_queue(method, path))
+        return Slot(self, self.admission.may_queue(method, path, size), size)
 
     @property
     def unanswered(self) -> int:

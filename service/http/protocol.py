@@ -33,7 +33,7 @@ import asyncio
 import fcntl
 import termios
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
@@ -132,8 +132,9 @@ class Connections:
         return protocol in self.anonymous and len(self.anonymous) > self.max_anonymous
 
 
-# (method, path, connections) -> a refusal, or the admitted request's slot (service.state.Slot)
-Gate = Callable[[str, str, int], "RequestError | Slot"]
+# (method, path, connections, the body's declared size or -1) -> a refusal, or the admitted
+# request's slot (service.state.Slot)
+Gate = Callable[[str, str, int, int], "RequestError | Slot"]
 Refused = Callable[[str, RequestError], None]  # count it: (path, refusal)
 Opened = Callable[[int], None]  # a connection opened (+1) or closed (-1)
 
@@ -376,21 +377,23 @@ class GuardedProtocol(HttpToolsProtocol):
             if "%" in path:  # the path the app routes on, as uvicorn decodes it
                 path = urllib.parse.unquote(path)
             # Last, the gate: an admitted API request's slot, taken once its body is complete.
-            decision = self._decide(method, path)
+            decision = self._decide(method, path, self.headers)
             if isinstance(decision, RequestError):
                 self._refusal, self._refusal_path = decision, path
                 return
             extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
             extensions[ADMITTED] = decision
-            decision.declare(self.headers)
         super().on_headers_complete()
         if type(self.cycle) is RequestResponseCycle:
             self.cycle.__class__ = OneWriteCycle
 
-    def _decide(self, method: str, path: str) -> RequestError | Slot:
+    def _decide(
+        self, method: str, path: str, headers: Iterable[tuple[bytes, bytes]]
+    ) -> RequestError | Slot:
         """The gate, once a request: why it is answered at once, or its slot (admitted)."""
         crowded = ANONYMOUS_CROWDED if self.policy.crowded(self) else None
-        return crowded or self.gate(method, path, len(self.connections))  # type: ignore[misc]
+        size = declared_size(headers)
+        return crowded or self.gate(method, path, len(self.connections), size)  # type: ignore[misc]
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         """A request pipelined behind another meets the gate here, when its turn comes: at its
@@ -399,14 +402,13 @@ class GuardedProtocol(HttpToolsProtocol):
         extensions: dict[str, Any] = cycle.scope.setdefault("extensions", {})
         if self.gate is not None and ADMITTED not in extensions:
             path = cycle.scope["path"]
-            decision = self._decide(cycle.scope["method"], path)
+            decision = self._decide(cycle.scope["method"], path, cycle.scope["headers"])
             if isinstance(decision, RequestError):
                 if self.refused is not None:
                     self.refused(path, decision)
                 app = refusal_app(decision)
             else:
                 extensions[ADMITTED] = decision
-                decision.declare(cycle.scope["headers"])
                 if not cycle.more_body:  # its body is in already
                     decision.take()
         super()._start_asgi_task(cycle, app)
@@ -459,6 +461,12 @@ class GuardedProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.timeout_keep_alive, self.timeout_keep_alive_handler
             )
+
+
+def declared_size(headers: Iterable[tuple[bytes, bytes]]) -> int:
+    """The body's Content-Length, or -1 (none, or not a number: chunked)."""
+    declared = next((v for k, v in headers if k == b"content-length"), b"")
+    return int(declared) if declared.isdigit() else -1
 
 
 def refusal_app(refusal: RequestError) -> Callable[..., Any]:

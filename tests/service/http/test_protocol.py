@@ -100,11 +100,11 @@ def connect(live) -> socket.socket:
 
 
 def test_a_refusal_never_reaches_the_app_and_keeps_the_connection(bundle_dir, caplog):
-    """At the in-flight cap (with no client batches queued past it) a request is answered 503
-    by the protocol: Retry-After, the
+    """At the in-flight cap a request with a short body (under queue_min_body_bytes: one short
+    text, never a client batch to wait) is answered 503 by the protocol: Retry-After, the
     client's request id, no access-log line (no task ran), counted in the metrics; the
     connection stays open and serves the next request once there is room."""
-    with live_server(bundles=bundle_dir, max_in_flight=1, max_queued_batches=0) as live:
+    with live_server(bundles=bundle_dir, max_in_flight=1) as live:  # a short body: no waiting
         caplog.set_level(logging.INFO, logger="bertserve.access")
         with connect(live) as sock:
             with one_request_held(live):
@@ -189,9 +189,9 @@ def test_each_request_meets_the_gate_once(bundle_dir):
         decided: list[str] = []
         refusal = admission.refusal
 
-        def counted(state, method, path, connections=0):
+        def counted(state, method, path, connections=0, size=-1):
             decided.append(path)
-            return refusal(state, method, path, connections)
+            return refusal(state, method, path, connections, size)
 
         admission.refusal = counted
         try:
@@ -681,7 +681,11 @@ def test_past_the_cap_a_client_batch_waits_and_one_input_is_refused_after_the_de
     delay = 0.3
     pair = json.dumps({"inputs": ["a good film", "a bad film"]}).encode()
     with live_server(
-        bundles=bundle_dir, max_in_flight=1, max_queued_batches=1, refusal_delay_ms=delay * 1000
+        bundles=bundle_dir,
+        max_in_flight=1,
+        max_queued_batches=1,
+        refusal_delay_ms=delay * 1000,
+        queue_min_body_bytes=0,  # every task request may wait past the cap: read, then decided
     ) as live:
         batch = connect(live)
         try:
