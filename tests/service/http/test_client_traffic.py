@@ -70,7 +70,7 @@ def test_an_openai_sized_batch_is_one_request(openai_client, server):
 def test_a_burst_of_client_batches_queues_instead_of_refusing(server):
     """llama-index's TEI embedder sends every batch of a job at once: 200 requests of 10
     sentences against 8 in-flight slots are all answered; requests of one input past the cap
-    are still refused at once, with Retry-After."""
+    are still refused, with Retry-After."""
 
     async def burst():
         limits = httpx.Limits(max_connections=300, max_keepalive_connections=300)
@@ -86,8 +86,8 @@ def test_a_burst_of_client_batches_queues_instead_of_refusing(server):
     batches, singles = answers[:200], answers[200:]
     assert [r.status_code for r in batches] == [200] * 200
     assert all(len(r.json()) == 10 for r in batches)
-    refused = [r for r in singles if r.status_code != 200]
-    assert {r.status_code for r in refused} <= {503}
+    refused = [r for r in singles if r.status_code != 200]  # past the cap (503), or past
+    assert {r.status_code for r in refused} <= {429, 503}  # their queue's bound (429)
     assert all(r.headers["retry-after"] == "1" for r in refused)
     first = embed(server, [sentence(10 * 57 + k) for k in range(10)])
     assert np.allclose(batches[57].json(), first, atol=1e-6)
