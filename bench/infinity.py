@@ -29,6 +29,7 @@ import numpy as np
 
 from bench.inputs import write_bodies
 from bench.loadgen import closed_loop, wait_ready
+from bench.run import commit
 from bench.servers import OURS, Server, only_bundles, serve, stop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,6 +128,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "infinity-bench")
     parser.add_argument("--report", type=Path)
     args = parser.parse_args()
+    measured = commit()  # before the run: the tree may change while it measures
     args.work.mkdir(parents=True, exist_ok=True)
     if not (args.model_dir / "model.onnx").is_file():
         prepare(args.model_dir)
@@ -201,7 +203,8 @@ def main() -> None:
         machine = f"{os.cpu_count()} cores"
         args.report.write_text(
             "# /embed against Infinity\n\n"
-            f"`bertserve bench infinity` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+            f"`bertserve bench infinity` at commit {measured} on "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
             f"{machine}, {args.rounds} alternating rounds of {args.seconds:g} s a load; "
             f"all-MiniLM-L6-v2 on both sides, SST-2 dev sentences. The two sides' vectors agree: "
             f"cosine min {cosine.min():.5f}, mean {cosine.mean():.5f} over 32 sentences.\n\n"
