@@ -33,6 +33,8 @@ from typing import Any
 
 import httpx
 
+from bertserve.service.settings import Settings
+
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "bench-attack-key-0123456789abcdef"
 AUTH = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
@@ -92,15 +94,26 @@ def repros() -> dict[str, Request]:
 
 
 def heaviest() -> list[Request]:
-    """The most expensive request each endpoint allows (at the default limits)."""
+    """The most expensive request each endpoint allows (at the default limits): a client batch
+    of as many inputs as the body limit and the batch limit let through."""
+    limits = Settings()
+    body, batch = limits.max_body_bytes * 9 // 10, limits.max_client_batch
     masks = "the [MASK] of the [MASK] was [MASK] in the [MASK] of [MASK] . " * 2
+    long_text = "a." * 40_000
+    passage = CONTEXT * 6  # about the model's 256 tokens
     return [
         ("/qa", repros()["/qa 18 kB, top_k 100, max_answer_len 512"][1]),
         ("/fill-mask", {"inputs": masks, "parameters": {"top_k": 100}}),
         ("/ner", {"inputs": [CONTEXT * 80] * 2}),
         ("/nsp", repros()["/nsp 200 kB pair, truncation"][1]),
-        ("/classify", {"inputs": ["a." * 40_000] * 12, "parameters": {"truncation": True}}),
-        ("/embed", {"inputs": [CONTEXT * 6] * 32}),
+        (
+            "/classify",
+            {
+                "inputs": [long_text] * min(batch, body // len(long_text)),
+                "parameters": {"truncation": True},
+            },
+        ),
+        ("/embed", {"inputs": [passage] * min(batch, body // len(passage))}),
     ]
 
 

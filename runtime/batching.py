@@ -153,12 +153,18 @@ class CallCost:
         around = max(cycle_s - call_s, 0.0)
         self.around_s = around if self.w < 1.5 else 0.8 * self.around_s + 0.2 * around
 
-    def overhead_tokens(self) -> float | None:
+    def seconds_per_token(self) -> float | None:
+        """The fitted cost of one more token in a call; None until a spread of sizes is
+        measured."""
         spread = self.w * self.sxx - self.sx * self.sx  # w^2 x the variance of the sizes
-        if self.w < 8 or spread <= 0.01 * self.w * self.sxx:  # too few, or sizes nearly alike
+        if self.w < 8 or spread <= 0.01 * self.w * self.sxx:
             return None
         per_token = (self.w * self.sxy - self.sx * self.sy) / spread
-        if per_token <= 0:
+        return per_token if per_token > 0 else None
+
+    def overhead_tokens(self) -> float | None:
+        per_token = self.seconds_per_token()
+        if per_token is None:  # too few sizes measured, or nearly alike
             return None
         fixed = max((self.sy - per_token * self.sx) / self.w, 0.0)
         return (fixed + self.around_s) / per_token
@@ -358,6 +364,14 @@ class Batcher:
         been serving rows (0 before the first measured batch): they go before client batches'."""
         interactive = len(self._items) - self._bulk
         return interactive / self.rows_per_s if self.rows_per_s else 0.0
+
+    def work_s(self, rows: list[Row]) -> float:
+        """At least how long the model takes for `rows`: their tokens at the marginal cost of a
+        token in batched calls (`CallCost`), the calls' fixed cost left out; 0 before that is
+        measured. A rate of whole cycles would not do: measured on requests of one input it
+        makes a batched token look many times dearer than it is."""
+        per_token = self.cost.seconds_per_token()
+        return sum(len(r) for r in rows) * per_token if per_token else 0.0
 
     def refusal(self, rows: int = 1, bulk: bool = False) -> str | None:
         """Why `rows` more sequences would be refused (None: admitted).

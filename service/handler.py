@@ -155,6 +155,15 @@ async def _run(call: Call, off_loop: bool) -> Any:
             f"the input needs {len(rows)} sequences of up to {model.ctx.max_len} tokens; one "
             f"request may use {limit}. Send a shorter text or fewer inputs"
         )
+    work = model.batcher.work_s(rows)
+    if work > 0.8 * settings.request_timeout_s:  # could not end by its deadline even alone:
+        # refused before its model time is spent (a 2,048-passage /embed took 30 s, then 504)
+        raise TooLarge(
+            f"the input needs at least {work:.0f} s of model time at the rate this model serves "
+            "tokens in batches; the deadline is "
+            f"{settings.request_timeout_s:g} s (BERTSERVE_REQUEST_TIMEOUT_S). Send fewer or "
+            "shorter inputs a request"
+        )
     call.stats.update(model=model.name, rows=len(rows), tokens=sum(len(r) for r in rows))
     call.results = results = await submit(model, rows, call.disconnected, bulk=bulk)
     t2 = time.perf_counter()

@@ -761,3 +761,27 @@ def test_a_lone_request_runs_alone_and_one_beside_another_does_not(bundle_dir):
         assert (first.status_code, second.status_code) == (200, 200)
         assert metric(live, "bertserve_lone_calls_total", model="sentiment") == 2
         assert state.activity.counts == [0]
+
+
+def test_a_client_batch_past_its_deadline_is_refused_before_its_model_time(bundle_dir):
+    """A request whose tokens, at the marginal cost of a token the model has been measured
+    at, could not end by its deadline is a 413 before any of it runs (2,048 passages to
+    /embed took 30 s of the model, then 504). The cost is injected: 1 ms a token."""
+    from bertserve.runtime.batching import CallCost
+
+    with live_server(bundles=bundle_dir, request_timeout_s=2) as live:
+        batcher = live.state.models["sentiment"].batcher
+        cost = CallCost()
+        for tokens in (100, 200, 400, 800, 1600) * 4:
+            cost.observe(tokens, tokens / 1000, tokens / 1000)
+        assert cost.seconds_per_token() == pytest.approx(1e-3)
+        batcher.cost = cost
+        rows = metric(live, "bertserve_batch_rows_sum", model="sentiment")
+        with live.client() as c:
+            refused = c.post("/classify", json={"inputs": ["a good film"] * 400})
+            small = c.post("/classify", json={"inputs": ["a good film"] * 4})
+        assert refused.status_code == 413, refused.text
+        assert "model time" in refused.json()["error"]
+        assert "BERTSERVE_REQUEST_TIMEOUT_S" in refused.json()["error"]
+        assert small.status_code == 200
+        assert metric(live, "bertserve_batch_rows_sum", model="sentiment") - rows == 4
