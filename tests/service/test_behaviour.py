@@ -785,3 +785,17 @@ def test_a_client_batch_past_its_deadline_is_refused_before_its_model_time(bundl
         assert "BERTSERVE_REQUEST_TIMEOUT_S" in refused.json()["error"]
         assert small.status_code == 200
         assert metric(live, "bertserve_batch_rows_sum", model="sentiment") - rows == 4
+
+
+def test_a_large_body_parses_off_the_loop_with_the_same_answers(server):
+    """Bodies over 256 kB are parsed and validated on a worker thread (service/http/fastpath.py):
+    the answer, and the 422 for a bad one, are those of a small body."""
+    text = "a fine film " * 3000  # 36 kB: ten of them pass 256 kB
+    good = {"inputs": [text] * 10, "parameters": {"truncation": True}}
+    with server.client() as c:
+        large = c.post("/classify", json=good)
+        small = c.post("/classify", json={"inputs": [text], "parameters": {"truncation": True}})
+        bad = c.post("/classify", json={"inputs": [text] * 9 + [5]})
+    assert large.status_code == 200 and len(large.json()) == 10
+    assert large.json()[0] == small.json()[0]
+    assert bad.status_code == 422 and "inputs" in bad.json()["error"]
