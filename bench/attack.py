@@ -529,10 +529,14 @@ def alone(base: str, pid: int) -> dict[str, Any]:
     return out
 
 
-def report(results: dict[str, Any], tree: Path) -> str:
-    commit = subprocess.run(
+def tree_commit(tree: Path) -> str:
+    return subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True
     ).stdout.strip()
+
+
+def report(results: dict[str, Any], commit: str) -> str:
+    """The markdown report; `commit`: the tree's, taken when the server started."""
     lines = [
         "# The adversarial review's targets, measured",
         "",
@@ -595,6 +599,7 @@ def main(argv: list[str] | None = None) -> None:
         "trailers) and 8 (SIGKILL one worker under load; ATTACK_WORKERS=2) only when asked",
     )
     args = parser.parse_args(argv)
+    measured = tree_commit(args.tree)  # before the server starts: the tree may change meanwhile
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = ROOT / "runs" / "bench-attack.log"
@@ -644,7 +649,7 @@ def main(argv: list[str] | None = None) -> None:
         proc.wait(timeout=60)
     if args.phases != "1234":
         return  # a partial run: the figures above, no report (phase 5 is always partial)
-    text = report(results, args.tree)
+    text = report(results, measured)
     print(text)
     if args.report:
         args.report.write_text(text)
