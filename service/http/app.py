@@ -13,8 +13,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bertserve.runtime.tasks import TASKS
@@ -32,7 +32,6 @@ from bertserve.service.http.errors import (
     answer_of,
     error_response,
     internal_error_response,
-    openai_shaped,
     service_error_response,
     validation_error_response,
 )
@@ -69,10 +68,10 @@ class BodyLimit:
         app: ASGIApp,
         limit: int,
         timeout: float,
-        crowded: Callable[[], ASGIApp] | None = None,
+        crowded: Callable[[str], ASGIApp] | None = None,
     ) -> None:
-        """`crowded`: the answer to a request whose body completed with every in-flight slot
-        taken (service.state.Slot)."""
+        """`crowded`: the answer (for a request's path) to a request whose body completed with
+        every in-flight slot taken (service.state.Slot)."""
         self.app, self.limit, self.timeout, self.crowded = app, limit, timeout, crowded
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -82,9 +81,11 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         declared = headers.get(b"content-length")
+        path = scope["path"]
         message = f"request body is over the limit of {self.limit:,} bytes"
+        too_large = error_response(413, "too_large", message, path=path)
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await error_response(413, "too_large", message)(scope, receive, send)
+            return await too_large(scope, receive, send)
         chunks: list[bytes] = []
         size = 0
         # One deadline for the whole body (a body sent a byte at a time, or shorter than its
@@ -98,19 +99,18 @@ class BodyLimit:
                     chunk = msg.get("body", b"")
                     size += len(chunk)
                     if size > self.limit:
-                        too_large = error_response(413, "too_large", message)
                         return await too_large(scope, receive, send)
                     chunks.append(chunk)
                     if not msg.get("more_body", False):
                         break
         except TimeoutError:
             slow = f"the request body did not arrive within {self.timeout:g} s"
-            response = error_response(408, "timeout", slow, {"Connection": "close"})
+            response = error_response(408, "timeout", slow, {"Connection": "close"}, path)
             return await response(scope, receive, send)
         slot = scope.get("extensions", {}).get(ADMITTED)
         if slot is not None and slot.refused and self.crowded is not None:
             # Its body completed when every in-flight slot was taken (service.state.Slot).
-            return await self.crowded()(scope, receive, send)
+            return await self.crowded(path)(scope, receive, send)
         whole: Message = {"type": "http.request", "body": b"".join(chunks)}
         await self.app(scope, replaying(whole, receive), send)
 
@@ -135,11 +135,9 @@ class RequestContext:
         scope.setdefault("state", {})["request_id"] = request_id
         status = 500
         started = time.perf_counter()
-        openai = scope["path"].startswith("/v1/")
-        held: Message | None = None  # an error's start, on an OpenAI route, until its body
 
         async def send_with_id(msg: Message) -> None:
-            nonlocal status, held
+            nonlocal status
             if msg["type"] == "http.response.start":
                 status = msg["status"]
                 msg["headers"] = [
@@ -147,21 +145,6 @@ class RequestContext:
                     (b"x-request-id", request_id.encode("latin-1")),
                     *RETIRING_HEADERS[self.state.retiring],
                 ]
-                if openai and status >= 400:  # its body is rewritten in OpenAI's shape
-                    held = msg
-                    return
-            elif held is not None and msg["type"] == "http.response.body":
-                start, held = held, None
-                if msg.get("more_body"):  # not one of the service's error bodies: as it is
-                    await send(start)
-                    return await send(msg)
-                body = openai_shaped(msg.get("body", b""), status)
-                start["headers"] = [
-                    (k, str(len(body)).encode() if k == b"content-length" else v)
-                    for k, v in start["headers"]
-                ]
-                await send(start)
-                msg = {**msg, "body": body}
             await send(msg)
 
         metrics = self.state.metrics
@@ -178,7 +161,7 @@ class RequestContext:
             try:
                 check_key(keys, authorizations(scope["headers"]))
             except Unauthorized as exc:
-                app = service_error_response(exc, metrics)
+                app = service_error_response(exc, metrics, path)
         try:
             await app(scope, receive, send_with_id)
         finally:
@@ -270,15 +253,15 @@ def create_app(settings: Settings) -> ServiceApp:
     mount_docs(app)
 
     @app.exception_handler(RequestError)
-    async def service_error(_: Request, exc: RequestError) -> JSONResponse:
-        return service_error_response(exc, state.metrics)
+    async def service_error(request: Request, exc: RequestError) -> Response:
+        return service_error_response(exc, state.metrics, request.scope["path"])
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return validation_error_response(exc.errors(), state.metrics)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return validation_error_response(exc.errors(), state.metrics, request.scope["path"])
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> Response:
         # Starlette's own errors (malformed body, unknown path, wrong method) as typed errors,
         # so they are answered and counted as the service's are.
         error: RequestError
@@ -289,11 +272,11 @@ def create_app(settings: Settings) -> ServiceApp:
             error = kind(str(exc.detail), getattr(exc, "headers", None))
             if kind is HttpError:
                 error.status = exc.status_code
-        return service_error_response(error, state.metrics)
+        return service_error_response(error, state.metrics, request.scope["path"])
 
     @app.exception_handler(Exception)
-    async def bug(_: Request, exc: Exception) -> JSONResponse:
-        return internal_error_response(state.metrics)
+    async def bug(request: Request, exc: Exception) -> Response:
+        return internal_error_response(state.metrics, request.scope["path"])
 
     framework = super(ServiceApp, app).__call__
     fast = FastPath(framework, state)  # innermost: after the body limit
@@ -301,7 +284,7 @@ def create_app(settings: Settings) -> ServiceApp:
         fast,
         limit=settings.max_body_bytes,
         timeout=settings.body_timeout_s,
-        crowded=lambda: service_error_response(state.admission.crowded, state.metrics),
+        crowded=lambda path: service_error_response(state.admission.crowded, state.metrics, path),
     )
     app.front = RequestContext(limited, state)  # outermost: sees every response
     return app

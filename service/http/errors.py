@@ -10,7 +10,7 @@ import logging
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
-from starlette.responses import JSONResponse
+from starlette.responses import Response
 
 from bertserve.runtime.errors import (
     BackendError,
@@ -45,6 +45,7 @@ __all__ = [
     "answer_of",
     "error_body",
     "error_types",
+    "openai_route",
 ]
 
 # The runtime's errors as HTTP: (status, error_type), looked up along the class's bases.
@@ -136,14 +137,18 @@ def error_types() -> tuple[str, ...]:
 
 
 PATTERN_MESSAGES = {r"\S": "is empty or blank"}
-OPENAI_PREFIX = b"/v1/"  # the routes that answer errors in OpenAI's shape
 # OpenAI's `type` by status; `code` is the service's own error_type.
 OPENAI_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
 
 
-def error_body(message: str, error_type: str, status: int, path: bytes = b"") -> bytes:
+def openai_route(path: str) -> bool:
+    """Whether `path` is one of OpenAI's routes (/v1/...), whose errors take OpenAI's shape."""
+    return path.startswith("/v1/")
+
+
+def error_body(message: str, error_type: str, status: int, path: str = "") -> bytes:
     """An error's JSON body, in the shape the route's clients read (see the module's doc)."""
-    if path.startswith(OPENAI_PREFIX):
+    if openai_route(path):
         kind = OPENAI_TYPES.get(
             status, "server_error" if status >= 500 else "invalid_request_error"
         )
@@ -152,40 +157,35 @@ def error_body(message: str, error_type: str, status: int, path: bytes = b"") ->
     return orjson.dumps({"error": message, "error_type": error_type})
 
 
-def openai_shaped(body: bytes, status: int) -> bytes:
-    """An error body of the service's shape in OpenAI's (`error_body`); another body as it is."""
-    try:
-        sent = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body
-    if not isinstance(sent, dict) or not isinstance(sent.get("error"), str):
-        return body
-    return error_body(sent["error"], str(sent.get("error_type", "http")), status, OPENAI_PREFIX)
-
-
 def error_response(
-    status: int, error_type: str, message: str, headers: dict[str, str] | None = None
-) -> JSONResponse:
-    return JSONResponse({"error": message, "error_type": error_type}, status, headers=headers)
+    status: int,
+    error_type: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+    path: str = "",
+) -> Response:
+    """An error's response, for a request to `path` (which decides the body's shape)."""
+    body = error_body(message, error_type, status, path)
+    return Response(body, status, headers=headers, media_type="application/json")
 
 
-def service_error_response(exc: RequestError, metrics: Metrics) -> JSONResponse:
-    """A typed error's response, counted by its type: what every layer that answers for the
-    app (FastAPI's handlers, the fast path, load shedding) sends."""
+def service_error_response(exc: RequestError, metrics: Metrics, path: str = "") -> Response:
+    """A typed error's response to a request to `path`, counted by its type: what every layer
+    that answers for the app (FastAPI's handlers, the fast path, load shedding) sends."""
     answer = answer_of(exc)
     metrics.errors.labels(answer.error_type).inc()
-    return error_response(answer.status, answer.error_type, exc.message, answer.headers)
+    return error_response(answer.status, answer.error_type, exc.message, answer.headers, path)
 
 
-def validation_error_response(errors: Any, metrics: Metrics) -> JSONResponse:
-    return service_error_response(InvalidInput(describe_validation(errors)), metrics)
+def validation_error_response(errors: Any, metrics: Metrics, path: str = "") -> Response:
+    return service_error_response(InvalidInput(describe_validation(errors)), metrics, path)
 
 
-def internal_error_response(metrics: Metrics) -> JSONResponse:
+def internal_error_response(metrics: Metrics, path: str = "") -> Response:
     """A bug: logged with its traceback (call from an `except` block), answered as a 500."""
     logging.getLogger("bertserve").exception("unhandled error")
     return service_error_response(
-        RequestError("internal error (logged with the request id)"), metrics
+        RequestError("internal error (logged with the request id)"), metrics, path
     )
 
 

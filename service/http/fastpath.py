@@ -80,9 +80,9 @@ class FastPath:
             )
             response = Response(answer, media_type="application/json")
         except ValidationError as exc:
-            response = validation_error_response(exc.errors(), self.state.metrics)
+            response = validation_error_response(exc.errors(), self.state.metrics, path)
         except RequestError as exc:
-            response = service_error_response(exc, self.state.metrics)
+            response = service_error_response(exc, self.state.metrics, path)
         except Exception:
-            response = internal_error_response(self.state.metrics)
+            response = internal_error_response(self.state.metrics, path)
         await response(scope, replay, send)

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
 
 def response_parts(
-    error: RequestError, request_id: bytes | None = None, path: bytes = b""
+    error: RequestError, request_id: bytes | None = None, path: str = ""
 ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """A typed error's status, headers and body, as the app's error response has them (in the
     shape of `path`'s clients: service.http.errors.error_body)."""
@@ -432,8 +432,9 @@ class GuardedProtocol(HttpToolsProtocol):
             self.refused(self._refusal_path, refusal)
         if self.transport.is_closing():
             return
-        path = self._refusal_path.encode("latin-1")
-        status, headers, body = response_parts(refusal, request_id_of(self.headers), path)
+        status, headers, body = response_parts(
+            refusal, request_id_of(self.headers), self._refusal_path
+        )
         response = response_bytes(status, headers, body)
         close = CLOSE in headers or not self.parser.should_keep_alive()
         # Held for refusal_delay also when the connection closes after it: a client that sends
@@ -473,8 +474,8 @@ def refusal_app(refusal: RequestError) -> Callable[..., Any]:
     """An ASGI app that answers the gate's refusal as `encode` writes it."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Callable[..., Any]) -> None:
-        path = scope["path"].encode("latin-1")
-        status, headers, body = response_parts(refusal, request_id_of(scope["headers"]), path)
+        request_id = request_id_of(scope["headers"])
+        status, headers, body = response_parts(refusal, request_id, scope["path"])
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

@@ -21,7 +21,13 @@ from bertserve.runtime.tasks.common import TaskContext
 from bertserve.service.admission import ROOT
 from bertserve.service.handler import handle
 from bertserve.service.http.asgi import admitted, disconnect_watch, user_agent
-from bertserve.service.http.errors import InvalidInput, NotFound, NotReady, TooLarge
+from bertserve.service.http.errors import (
+    InvalidInput,
+    NotFound,
+    NotReady,
+    TooLarge,
+    openai_route,
+)
 from bertserve.service.models import Model
 from bertserve.service.settings import Settings
 from bertserve.service.state import ServiceState
@@ -61,7 +67,7 @@ OPENAI_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def error_responses(path: str) -> dict[int | str, dict[str, Any]]:
-    return OPENAI_ERROR_RESPONSES if path.startswith("/v1/") else ERROR_RESPONSES
+    return OPENAI_ERROR_RESPONSES if openai_route(path) else ERROR_RESPONSES
 
 
 ModelName = Annotated[
