@@ -318,7 +318,7 @@ class Settings(BaseSettings):
     )
     # 2,048 texts of a thousand characters; text-embeddings-inference's default is 2 MB.
     max_body_bytes: int = Field(4_000_000, ge=1024, description="largest request body; past it 413")
-    # 2,048 vectors of 1,024 floats as JSON (about 11 bytes a float): a request that would pass
+    # 2,048 vectors of 1,024 floats as JSON (at most 15 bytes a float): a request that would pass
     # it is refused before its work where its size is known ahead (embeddings), else after.
     max_response_bytes: int = Field(32_000_000, ge=1024, description="largest answer; past it 413")
     max_fill_mask_candidates: int = Field(

@@ -35,11 +35,10 @@ class Slot:
 
     A body that completes when every in-flight slot is taken is refused then (`refused`,
     answered by the app's BodyLimit), so the cap holds, unless it is a task's request
-    (`may_queue`) and a queued place is free (fewer than `max_queued_batches`, whose bodies
-    come to at most `max_queued_bytes`), while the task's model has room in its bulk lane
-    (service.admission): then it is
-    `queued`, and the handler serves it only if it is a client batch, whose rows wait in the
-    batcher's bulk lane behind the interactive ones; a request of one input is refused there
+    (`may_queue`) and a queued place is free (`ServiceState.queue_room`), while the task's
+    model has room in its bulk lane (service.admission): then it is `queued`, and the handler
+    serves it only if it is a client batch, whose rows wait in the batcher's bulk lane behind
+    the interactive ones; a request of one input is refused there
     as at the cap (service.handler). A client batch that took an in-flight slot moves to a
     queued place too, once the handler knows it for one (`batch`): the cap is for requests of
     one input and those not yet read. A burst of client batches (llama-index sends every batch
@@ -55,18 +54,8 @@ class Slot:
         self.state, self.stage, self.may_queue = state, self.RECEIVING, may_queue
         self.size = 0
         if state is not None:
-            limit = state.settings.max_body_bytes
-            self.size = min(size, limit) if size >= 0 else limit
+            self.size = state.body_size(size)
             state.receiving += 1
-
-    def _room(self, state: ServiceState) -> bool:
-        """A queued place is free: fewer than max_queued_batches, their bodies within
-        max_queued_bytes."""
-        settings = state.settings
-        return (
-            state.queued < settings.max_queued_batches
-            and state.queued_bytes + self.size <= settings.max_queued_bytes
-        )
 
     def _queue(self, state: ServiceState) -> None:
         self.stage = self.QUEUED
@@ -81,7 +70,7 @@ class Slot:
         settings = state.settings
         if state.in_flight - state.queued < settings.max_in_flight:
             self.stage = self.IN_FLIGHT
-        elif self.may_queue and self._room(state):
+        elif self.may_queue and state.queue_room(self.size):
             self._queue(state)
         else:
             self.stage = self.REFUSED
@@ -104,7 +93,7 @@ class Slot:
         slot back to requests of one input if a queued place is free (200 concurrent client
         batches would otherwise take every slot, and a single request meet the cap)."""
         state = self.state
-        if state is not None and self.stage == self.IN_FLIGHT and self._room(state):
+        if state is not None and self.stage == self.IN_FLIGHT and state.queue_room(self.size):
             self._queue(state)
 
     def release(self) -> None:
@@ -148,7 +137,7 @@ class ServiceState:
     activity: Activity = field(default_factory=Activity)
     receiving: int = 0  # admitted API requests whose body is still arriving (Slot)
     queued: int = 0  # client batches admitted past max_in_flight, among in_flight (Slot)
-    queued_bytes: int = 0  # their bodies' sizes (Slot.declare)
+    queued_bytes: int = 0  # their bodies' sizes, by Content-Length (Slot)
     _warming: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
@@ -166,6 +155,21 @@ class ServiceState:
         if path in PUBLIC_PATHS:
             return FREE
         return Slot(self, self.admission.may_queue(method, path, size), size)
+
+    def body_size(self, declared: int) -> int:
+        """What a body declared as `declared` bytes (-1: chunked) may hold: at most
+        max_body_bytes, which a chunked body counts as."""
+        limit = self.settings.max_body_bytes
+        return min(declared, limit) if declared >= 0 else limit
+
+    def queue_room(self, size: int) -> bool:
+        """A queued place is free for a body of `size` bytes: fewer than max_queued_batches,
+        their bodies within max_queued_bytes (Slot)."""
+        settings = self.settings
+        return (
+            self.queued < settings.max_queued_batches
+            and self.queued_bytes + size <= settings.max_queued_bytes
+        )
 
     @property
     def unanswered(self) -> int:

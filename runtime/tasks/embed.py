@@ -11,8 +11,8 @@ sentence-transformers' `encode(prompt_name=...)` does. Over-long inputs are a 41
 end of the text gives way, or its start with `truncation_direction: "Left"`.
 
 Vectors are answered as float32 (orjson's shortest float32 form: every value read back as
-float32 is the model's exactly), which is half the bytes of float64's digits and a third of the
-time to write: a 2,048-text answer is most of its request's work after the model's.
+float32 is the model's exactly): for 2,048 unit vectors of 384 components, 12 bytes a float
+against float64 digits' 21, written 2.5x faster.
 """
 
 from __future__ import annotations
@@ -90,6 +90,12 @@ class OpenAIEmbeddingsRequest(Request):
     )
     task: str | None = Field(None, description="(Jina) accepted and ignored")
     late_chunking: bool | None = Field(None, description="(Jina) accepted and ignored")
+
+    @property
+    def base64(self) -> bool:
+        """Vectors as base64 of little-endian float32 (OpenAI's `encoding_format`, Jina's
+        `embedding_type`)."""
+        return (self.embedding_type or self.encoding_format) == "base64"
 
 
 class SimilarityInputs(BaseModel):
@@ -258,8 +264,7 @@ class OpenAIEmbeddings(Task):
 
     def check_cost(self, ctx: TaskContext, items: list[Any], request: Any, limits: Any) -> int:
         check_dimensions(ctx, request.dimensions)
-        base64 = (request.embedding_type or request.encoding_format) == "base64"
-        check_answer(ctx, len(items), request.dimensions, base64, limits)
+        check_answer(ctx, len(items), request.dimensions, request.base64, limits)
         return sum(len(t) for t in items)  # characters, or ids (about as costly to encode)
 
     def prepare(
@@ -285,9 +290,7 @@ class OpenAIEmbeddings(Task):
         if request.normalized is not None:
             normalize = request.normalized
         vectors = embeddings(results, normalize, request.dimensions)
-        if (
-            request.embedding_type or request.encoding_format
-        ) == "base64":  # little-endian float32, as OpenAI sends it
+        if request.base64:
             return [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vectors]
         return vectors
 

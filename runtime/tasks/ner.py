@@ -332,7 +332,7 @@ class Ner(Task):
         size = ctx.max_len - 2
         stride = min(request.parameters.stride, size // 2)
         least = sum(len(windows_for(min_tokens(t), size, stride)) for t in items)
-        most = max(limits.max_request_rows, len(items))  # a row an input, at least
+        most = ctx.rows_for(len(items))
         if least > most:
             raise too_many_sequences(most, ctx.max_len)
         return 4 * sum(len(t) for t in items)

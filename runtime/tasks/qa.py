@@ -271,7 +271,7 @@ class Qa(Task):
     ) -> int:
         p = request.parameters
         max_len = min(p.max_seq_len, ctx.max_len)
-        rows = max(limits.max_request_rows, len(items))  # a row an input, at least
+        rows = ctx.rows_for(len(items))
         # Free lower bound: every word of a context is at least one token of its windows.
         least = 0
         # And the decode's work, which grows with windows x the band of spans scored x the

@@ -244,17 +244,19 @@ class CohereRerank(Task):
 
     def prepare(
         self, ctx: TaskContext, items: list[str], request: CohereRerankRequest
-    ) -> tuple[list[Row], list[str]]:
+    ) -> tuple[list[Row], None]:
         most = request.max_tokens_per_doc
-        texts = [ctx.check_text(t, f"document {i}") for i, t in enumerate(items)]
-        if most is not None:
-            texts = [first_tokens(ctx, t, most) for t in texts]
-        return pair_rows(ctx, request.query, texts, truncate=True), items
+        if most is not None:  # cut after its length is checked, before its pairing
+            items = [
+                first_tokens(ctx, ctx.check_text(t, f"document {i}"), most)
+                for i, t in enumerate(items)
+            ]
+        return pair_rows(ctx, request.query, items, truncate=True), None
 
     def finish(
         self,
         ctx: TaskContext,
-        prepared: list[str],
+        prepared: None,
         results: list[RowResult],
         request: CohereRerankRequest,
     ) -> list[Any]:
