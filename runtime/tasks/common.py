@@ -40,8 +40,9 @@ class RequestLimits:
 # What a 422 for client-side token ids that are not the model's says to do.
 FOREIGN = (
     "the ids look like another tokenizer's. Send the texts instead (langchain's "
-    "OpenAIEmbeddings sends tiktoken ids unless check_embedding_ctx_length=False), or ids from "
-    "POST /tokenize"
+    "OpenAIEmbeddings sends tiktoken ids unless check_embedding_ctx_length=False), or the ids "
+    "of POST /tokenize with add_special_tokens set to false (the service puts the special "
+    "tokens around them)"
 )
 
 
@@ -284,11 +285,6 @@ class TaskContext:
             raise InvalidInput(
                 f"token id {bad} is outside the model's vocabulary (0..{vocab - 1}): {FOREIGN}"
             )
-        front, back = self.special_frame
-        if front and ids[: len(front)] == front:  # ids as /tokenize (or transformers) gives them
-            ids = ids[len(front) :]
-        if back and ids[-len(back) :] == back:
-            ids = ids[: -len(back)]
         foreign = self.foreign_ids
         odd = next((i for i in ids if i in foreign), None)
         if odd is not None:
@@ -296,6 +292,7 @@ class TaskContext:
                 f"token id {odd} ({self.tokenizer.id_to_token(odd)!r}) is one this model's "
                 f"tokenizer never makes from text: {FOREIGN}"
             )
+        front, back = self.special_frame
         room = self.max_len - len(front) - len(back)
         if len(ids) > room:
             if not truncate:
