@@ -148,7 +148,33 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.export"
             choices=PRECISIONS,
             help=PRECISION_HELP,
         )
-        parser.add_argument("--max-seq-len", type=int, default=None)
+        parser.add_argument(
+            "--max-seq-len",
+            type=int,
+            default=None,
+            help="tokens an input may take (default: sentence_bert_config.json's max_seq_length, "
+            "else the model's positions, at most 512)",
+        )
+        parser.add_argument(
+            "--pooling",
+            choices=["mean", "cls"],
+            default=None,
+            help="embed: override the checkpoint's pooling (1_Pooling/config.json)",
+        )
+        parser.add_argument(
+            "--normalize",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="embed: override whether vectors are normalised (a Normalize module in "
+            "modules.json)",
+        )
+        parser.add_argument(
+            "--lower-case",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="override sentence_bert_config.json's do_lower_case (text lower-cased before "
+            "the tokenizer)",
+        )
         parser.add_argument(
             "--eval-data",
             type=Path,
@@ -182,6 +208,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.export"
             args.force,
             "bertserve " + shlex.join(argv),
             args.default,
+            pooling_mode=args.pooling,
+            normalize=args.normalize,
+            lower_case=args.lower_case,
         )
         print(  # noqa: T201
             f"wrote {args.out}: tasks {', '.join(spec.tasks)}, {spec.precision}, "

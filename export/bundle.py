@@ -26,6 +26,7 @@ from bertserve.export.graph import (
     output_axes,
     read_pooling,
     read_prompts,
+    read_sentence_settings,
     resolve_tasks,
     task_architecture,
 )
@@ -192,13 +193,23 @@ def build_bundle(
     force: bool = False,
     command: str | None = None,
     default: bool = False,
+    *,
+    pooling_mode: str | None = None,
+    normalize: bool | None = None,
+    lower_case: bool | None = None,
 ) -> BundleSpec:
+    """Export `checkpoint` for `tasks` into the bundle `out`. A sentence-transformers
+    directory's settings (sequence length, lower-casing, pooling, normalisation, prompts) are
+    taken from it; `max_seq_len`, `pooling_mode`, `normalize` and `lower_case` override them."""
     given = str(checkpoint)
     provenance = read_provenance(checkpoint) if checkpoint.is_dir() else None
     if not checkpoint.is_dir():  # an installed package that ships a checkpoint
         checkpoint, provenance = resolve_init(given)
     config = read_config(checkpoint)
     tokenizer = BertTokenizer.load(checkpoint)
+    sentence = read_sentence_settings(checkpoint)
+    if lower_case if lower_case is not None else sentence.get("do_lower_case", False):
+        tokenizer = tokenizer.lower_casing()
     if tokenizer.vocab_size > config.vocab_size:
         raise ValueError(
             f"the tokenizer has {tokenizer.vocab_size} tokens, more than the "
@@ -212,7 +223,7 @@ def build_bundle(
             f"a rerank bundle needs a cross-encoder (a classifier with one output); "
             f"{checkpoint} has {config.num_labels} labels"
         )
-    max_len = max_seq_len or min(512, config.max_sequence)
+    max_len = max_seq_len or min(sentence.get("max_seq_length", 512), config.max_sequence)
     if not 8 <= max_len <= config.max_sequence:
         raise ValueError(f"--max-seq-len {max_len} must be in 8..{config.max_sequence}")
     if precision not in TOLERANCE:
@@ -220,6 +231,11 @@ def build_bundle(
     model = load_model(checkpoint, task_architecture(tasks)).eval()
     inputs, outputs = graph_io(tasks, config.family.segments)
     pooling = read_pooling(checkpoint) if "embed" in tasks else None
+    if pooling is not None:
+        pooling |= {"mode": pooling_mode or pooling["mode"]}
+        pooling |= {"normalize": pooling["normalize"] if normalize is None else normalize}
+    elif pooling_mode is not None or normalize is not None:
+        raise ValueError("--pooling and --normalize apply to an embed bundle only")
     prompts = read_prompts(checkpoint) if "embed" in tasks else {}
 
     with tempfile.TemporaryDirectory(prefix="bertserve-export-") as tmp:

@@ -83,6 +83,24 @@ def read_prompts(checkpoint: Path) -> dict[str, Any]:
     return {"prompts": prompts, "default_prompt_name": default}
 
 
+def read_sentence_settings(checkpoint: Path) -> dict[str, Any]:
+    """A sentence-transformers directory's `sentence_bert_config.json`: `max_seq_length` (the
+    tokens `encode` keeps) and `do_lower_case` (text lower-cased before its tokenizer runs);
+    empty where the directory has none."""
+    import json
+
+    path = checkpoint / "sentence_bert_config.json"
+    if not path.is_file():
+        return {}
+    config = json.loads(path.read_text())
+    settings: dict[str, Any] = {}
+    if config.get("max_seq_length") is not None:
+        settings["max_seq_length"] = int(config["max_seq_length"])
+    if config.get("do_lower_case") is not None:
+        settings["do_lower_case"] = bool(config["do_lower_case"])
+    return settings
+
+
 class ExportError(ValueError):
     """A request the exporter cannot satisfy; the message says what to change."""
 

@@ -119,6 +119,16 @@ class BertTokenizer:
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size()
 
+    def lower_casing(self) -> BertTokenizer:
+        """This tokenizer with the text lower-cased before its own normalizer runs, as
+        sentence-transformers' `do_lower_case` does (`str.lower` before tokenizing)."""
+        raw = Tokenizer.from_str(self.tokenizer.to_str())
+        steps = [normalizers.Lowercase()]
+        if raw.normalizer is not None:
+            steps.append(raw.normalizer)
+        raw.normalizer = normalizers.Sequence(steps)
+        return BertTokenizer(raw, True, self.specials)
+
     # --- construction -------------------------------------------------------------------------
 
     @classmethod

@@ -483,3 +483,42 @@ def test_pooling_is_read_in_both_sentence_transformers_formats(tmp_path, pooling
             read_pooling(tmp_path)
     else:
         assert read_pooling(tmp_path) == {"mode": mode, "normalize": True}
+
+
+def test_sentence_transformers_settings_are_honoured_and_overridden(checkpoints, tmp_path):
+    """sentence_bert_config.json's max_seq_length and do_lower_case shape the bundle as they
+    shape `encode`; the export's flags override them, and the directory's pooling too."""
+    source = tmp_path / "st"
+    shutil.copytree(checkpoints["BertForSequenceClassification"], source)
+    from bertserve.model.tokenizer import BertTokenizer
+
+    cased = BertTokenizer.from_vocab(source / "vocab.txt", lowercase=False)
+    cased.tokenizer.save(str(source / "tokenizer.json"))  # upper case is [UNK] to it
+    (source / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": 24, "do_lower_case": True})
+    )
+    spec = build_bundle(source, ["embed"], tmp_path / "honoured")
+    assert spec.max_seq_len == 24 and spec.tokenizer.lowercase
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tmp_path / "honoured" / "tokenizer.json"))
+    assert tok.encode("The FILM was GOOD").ids == tok.encode("the film was good").ids
+    spec = build_bundle(
+        source,
+        ["embed"],
+        tmp_path / "overridden",
+        max_seq_len=40,
+        pooling_mode="cls",
+        normalize=False,
+        lower_case=False,
+    )
+    assert spec.max_seq_len == 40 and not spec.tokenizer.lowercase
+    tok = Tokenizer.from_file(str(tmp_path / "overridden" / "tokenizer.json"))
+    assert tok.encode("The FILM was GOOD").ids != tok.encode("the film was good").ids
+    assert spec.pooling is not None and spec.pooling.model_dump() == {
+        "mode": "cls",
+        "normalize": False,
+    }
+    assert verify(tmp_path / "overridden")["parity"]["max_abs_diff"] < 1e-4
+    with pytest.raises(ValueError, match="embed bundle only"):
+        build_bundle(source, ["classify"], tmp_path / "no", pooling_mode="cls")

@@ -132,3 +132,36 @@ def test_embeddings_are_batched_listed_and_measured(server):
     assert model["weights"]["license"] == "apache-2.0"
     assert 'bertserve_requests_total{endpoint="/embed",status="200"}' in metrics
     assert model_calls(server) - before < 16  # 16 concurrent requests shared model calls
+
+
+LONG = [
+    " ".join(
+        f"Sentence {i} of the report says that river {i % 7} floods in year {1900 + i}."
+        for i in range(40)
+    ),
+    " ".join(
+        f"In chapter {i} the queen of a far city writes letter number {i * 3}." for i in range(45)
+    ),
+]
+
+
+def test_a_checkpoint_exported_without_flags_embeds_long_texts_as_encode_does(
+    minilm_dir, tmp_path_factory
+):
+    """all-MiniLM-L6-v2 says max_seq_length 256 in sentence_bert_config.json: exported with no
+    flags, the bundle keeps 256 tokens, so texts of 300+ tokens embed as `encode` embeds them
+    (at 512 their cosine falls to about 0.86)."""
+    from sentence_transformers import SentenceTransformer
+
+    from bertserve.export.bundle import build_bundle
+
+    root = tmp_path_factory.mktemp("unflagged")
+    spec = build_bundle(minilm_dir, ["embed"], root / "minilm")
+    assert spec.max_seq_len == 256
+    model = SentenceTransformer(str(minilm_dir), device="cpu")
+    assert all(len(model.tokenizer(t)["input_ids"]) > 300 for t in LONG)
+    reference = model.encode(LONG, normalize_embeddings=True)
+    with live_server(bundles=root, max_wait_ms=20) as live, live.client() as c:
+        answer = c.post("/embed", json={"inputs": LONG, "truncate": True})
+    assert answer.status_code == 200
+    assert cosines(np.asarray(answer.json()), reference).min() >= 0.9999
