@@ -11,8 +11,9 @@ import json
 import logging
 import shlex
 import sys
+import tempfile
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 from bertserve.runtime.bundle import Precision
 
@@ -52,7 +53,35 @@ CHECKPOINT_EXAMPLES = """examples:
   {prog} bundles/minilm-wiki-mlm --out runs/minilm-wiki-mlm-recovered
       # the shipped fill-mask model as a checkpoint, to continue its training from
       # (make pretrained-minilm-continue)
+  {prog} DIR/reranker_en --out runs/ms-marco-minilm-l12 \\
+      --name cross-encoder/ms-marco-MiniLM-L-12-v2 --license apache-2.0
+      # a dynamic-int8 model.onnx and its tokenizer, no config.json
+  {prog} DIR/optimum-export --out runs/imported   # Optimum's folder: config.json beside it
 """
+# What an ONNX source's provenance records (source.json, then bundle.json's source.init) where
+# the folder does not say: its config.json's _name_or_path, its README's license.
+PROVENANCE_FLAGS = {
+    "name": "the published model's name (default: config.json's _name_or_path, else the folder)",
+    "license": "its licence (default: the README's front matter, else unknown)",
+    "origin": "how it was obtained (default: the graph's path)",
+}
+
+
+def provenance(args: argparse.Namespace, source: Path) -> Any:
+    """The provenance an ONNX import records: the flags given over what the folder says."""
+    if not any(getattr(args, flag) for flag in PROVENANCE_FLAGS):
+        return None
+    from bertserve.export.onnx_import import find_graph, source_provenance
+
+    found = source_provenance(find_graph(source), source)
+    return type(found)(
+        name=args.name or found.name,
+        origin=args.origin or found.origin,
+        license=args.license or found.license,
+        sha256=found.sha256,
+    )
+
+
 PRECISIONS = list(get_args(Precision))
 PRECISION_HELP = (
     "fp16-weights: half the file, fp32 arithmetic; fp16-weights-int8-embeddings: the same with "
@@ -66,6 +95,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.export"
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from bertserve.export.bundle import build_bundle, convert_bundle, report_json, verify
+    from bertserve.export.onnx_import import checkpoint_from_onnx, is_onnx_source
     from bertserve.model.checkpoint import CheckpointError
 
     try:
@@ -85,16 +115,43 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.export"
 
             parser = argparse.ArgumentParser(
                 prog=f"{prog} checkpoint",
-                description="Read a bundle's graph back into a checkpoint (config.json, "
-                "model.safetensors, tokenizer) that training continues from, checked against "
-                f"the graph. Our BERT graphs at {', '.join(RECOVERABLE)}.",
+                description="A checkpoint (config.json, model.safetensors, tokenizer) that "
+                "training continues from and the exporter reads, checked against the graph it "
+                f"came from: a bundle's graph (ours, at {', '.join(RECOVERABLE)}), or an ONNX "
+                "encoder exported by torch.onnx or Optimum, fp32 or dynamic int8 "
+                "(export/onnx_import.py).",
                 epilog=CHECKPOINT_EXAMPLES.format(prog=f"{prog} checkpoint"),
                 formatter_class=argparse.RawDescriptionHelpFormatter,
             )
-            parser.add_argument("bundle", type=Path)
+            parser.add_argument("source", type=Path, help="a bundle, an .onnx file or its folder")
             parser.add_argument("--out", required=True, type=Path, help="checkpoint directory")
+            onnx_flags = parser.add_argument_group("ONNX sources")
+            onnx_flags.add_argument(
+                "--tokenizer", type=Path, help="folder of its tokenizer.json or vocab.txt"
+            )
+            onnx_flags.add_argument(
+                "--heads", type=int, help="attention heads (default: config.json, else tried)"
+            )
+            onnx_flags.add_argument(
+                "--model-type",
+                choices=["bert", "distilbert", "roberta", "xlm-roberta", "electra"],
+                help="family (default: config.json, else the weights' names)",
+            )
+            for flag, what in PROVENANCE_FLAGS.items():
+                onnx_flags.add_argument(f"--{flag}", help=what)
             args = parser.parse_args(argv[1:])
-            print(json.dumps(checkpoint_from_bundle(args.bundle, args.out), indent=2))  # noqa: T201
+            if is_onnx_source(args.source):
+                report = checkpoint_from_onnx(
+                    args.source,
+                    args.out,
+                    tokenizer=args.tokenizer,
+                    heads=args.heads,
+                    model_type=args.model_type,
+                    provenance=provenance(args, args.source),
+                )
+            else:
+                report = checkpoint_from_bundle(args.source, args.out)
+            print(json.dumps(report, indent=2))  # noqa: T201
             return 0
         if argv[:1] == ["convert"]:
             parser = argparse.ArgumentParser(
@@ -133,7 +190,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.export"
             required=True,
             type=Path,
             help="config.json + model.safetensors|pytorch_model.bin + "
-            "tokenizer.json|vocab.txt (ours or Hugging Face's)",
+            "tokenizer.json|vocab.txt (ours or Hugging Face's), an installed package that ships "
+            "one, or an ONNX encoder (a .onnx file or its folder, with its tokenizer: read back "
+            "as `checkpoint` does)",
         )
         parser.add_argument(
             "--task",
@@ -197,21 +256,27 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.export"
         )
         args = parser.parse_args(argv)
         metrics = json.loads(args.metrics.read_text()) if args.metrics else None
-        spec = build_bundle(
-            args.checkpoint,
-            args.task.split(","),
-            args.out,
-            args.precision,
-            args.max_seq_len,
-            args.eval_data,
-            metrics,
-            args.force,
-            "bertserve " + shlex.join(argv),
-            args.default,
-            pooling_mode=args.pooling,
-            normalize=args.normalize,
-            lower_case=args.lower_case,
-        )
+        with tempfile.TemporaryDirectory(prefix="bertserve-import-") as tmp:
+            checkpoint, label = args.checkpoint, None
+            if is_onnx_source(checkpoint):  # someone else's graph: read back first
+                label, checkpoint = str(checkpoint), Path(tmp) / "checkpoint"
+                checkpoint_from_onnx(Path(label), checkpoint)
+            spec = build_bundle(
+                checkpoint,
+                args.task.split(","),
+                args.out,
+                args.precision,
+                args.max_seq_len,
+                args.eval_data,
+                metrics,
+                args.force,
+                "bertserve " + shlex.join(argv),
+                args.default,
+                pooling_mode=args.pooling,
+                normalize=args.normalize,
+                lower_case=args.lower_case,
+                source_label=label,
+            )
         print(  # noqa: T201
             f"wrote {args.out}: tasks {', '.join(spec.tasks)}, {spec.precision}, "
             f"fused {spec.fused_nodes}"

@@ -197,11 +197,14 @@ def build_bundle(
     pooling_mode: str | None = None,
     normalize: bool | None = None,
     lower_case: bool | None = None,
+    source_label: str | None = None,
 ) -> BundleSpec:
     """Export `checkpoint` for `tasks` into the bundle `out`. A sentence-transformers
     directory's settings (sequence length, lower-casing, pooling, normalisation, prompts) are
-    taken from it; `max_seq_len`, `pooling_mode`, `normalize` and `lower_case` override them."""
-    given = str(checkpoint)
+    taken from it; `max_seq_len`, `pooling_mode`, `normalize` and `lower_case` override them.
+    `source_label` is what bundle.json names as the checkpoint (an ONNX source imported into a
+    temporary one)."""
+    given = source_label or str(checkpoint)
     provenance = read_provenance(checkpoint) if checkpoint.is_dir() else None
     if not checkpoint.is_dir():  # an installed package that ships a checkpoint
         checkpoint, provenance = resolve_init(given)

@@ -45,27 +45,44 @@ class RecoverError(ValueError):
     """A bundle whose graph cannot be read back into our model; the message says why."""
 
 
-def _module(node: Any) -> str | None:
-    """The torch module a node was traced from, as a parameter prefix: the exporter names nodes
-    by module path ("/bert/encoder/layer.0/output/dense/MatMul", "/model/classifier/Gemm"; the
-    pre-training heads run as "/predictions/...", "/seq_relationship/..." under `cls`)."""
+def _module(node: Any, ours: bool = True) -> str | None:
+    """The torch module a node was traced from, as a parameter prefix: torch.onnx names nodes
+    by module path ("/bert/encoder/layer.0/output/dense/MatMul"). Our exporter traces a wrapper
+    (`ours`): "/model/classifier/Gemm", and the pre-training heads as "/predictions/...",
+    "/seq_relationship/..." under `cls`."""
     if not node.name.startswith("/"):
         return None
     parts = node.name.strip("/").split("/")[:-1]
-    if parts[:1] == ["model"]:
+    if ours and parts[:1] == ["model"]:
         parts = parts[1:]
-    if parts[:1] in (["predictions"], ["seq_relationship"]):
+    if ours and parts[:1] in (["predictions"], ["seq_relationship"]):
         parts = ["cls", *parts]
     return ".".join(parts) or None
 
 
-def _weights(graph: Any) -> dict[str, np.ndarray]:
-    """Every weight the graph computes with, under our parameter names and oriented as torch
-    holds it, read node by node: by what each node does with it, not by the initializer's name,
-    since the exporter stores equal tensors once (a fresh model's LayerNorm ones and zeros) and
-    ONNX Runtime's fusions name theirs (Attention_3_qkv_weight). A weight stored in fp16 is read
-    through the Cast that restores it. A node holding weights that is not one of those below is
-    refused by name."""
+# The initializers ONNX Runtime's quantiser adds beside an int8 tensor X_quantized: not weights.
+_QUANT_PARAMS = ("_scale", "_zero_point", "scales_mul:0")
+
+
+def _dequantise(q: np.ndarray, scale: np.ndarray, zero: np.ndarray, axis: int) -> np.ndarray:
+    """(q - zero) * scale, per tensor or per channel along `axis`."""
+    shape = [1] * q.ndim
+    if scale.ndim == 1 and scale.size > 1:
+        shape[axis] = scale.size
+    values = q.astype(np.float32) - zero.astype(np.float32).reshape(shape)
+    return (values * scale.astype(np.float32).reshape(shape)).astype(np.float32)
+
+
+def read_weights(graph: Any, ours: bool = True) -> dict[str, np.ndarray]:
+    """Every weight the graph computes with, under its module's parameter names and oriented as
+    torch holds it, read node by node: by what each node does with it, not by the initializer's
+    name, since torch.onnx stores equal tensors once (a fresh model's LayerNorm ones and zeros,
+    behind Identity nodes), names a transposed one `onnx::MatMul_302`, and ONNX Runtime's
+    fusions name theirs (Attention_3_qkv_weight). A weight stored in fp16 is read through the
+    Cast that restores it, an int8 one (ONNX Runtime's dynamic quantiser: X_quantized,
+    X_scale, X_zero_point) dequantised. A node holding weights that is not one of those below is
+    refused by name. `ours`: the graph is our exporter's (export/graph.py), else a
+    transformers model's as torch.onnx or Optimum export it."""
     from onnx import numpy_helper
 
     inits = {i.name: i for i in graph.initializer}
@@ -75,14 +92,26 @@ def _weights(graph: Any) -> dict[str, np.ndarray]:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
 
+    def stored(name: str) -> np.ndarray:
+        return numpy_helper.to_array(inits[name])
+
     def value(name: str) -> np.ndarray | None:
-        cast = producers.get(name)
-        if name not in inits and cast is not None and cast.op_type == "Cast":
-            name = cast.input[0]
-        if name not in inits:
+        while name not in inits and name in producers:
+            node = producers[name]
+            if node.op_type not in ("Cast", "Identity"):
+                return None
+            name = node.input[0]
+        if name not in inits or name.endswith(_QUANT_PARAMS):
             return None
-        array = numpy_helper.to_array(inits[name])
-        return array.astype(np.float32) if array.dtype in (np.float32, np.float16) else None
+        data = stored(name)
+        base = name.removesuffix("_quantized")
+        if base != name and base + "_scale" in inits and base + "_zero_point" in inits:
+            scale, zero = stored(base + "_scale"), stored(base + "_zero_point")
+            axis = data.ndim - 1 if scale.size == data.shape[-1] else 0
+            return _dequantise(data, scale, zero, axis)
+        if data.dtype not in (np.float32, np.float16) or data.ndim == 0:
+            return None  # integer buffers (position ids) and scalars (scales, epsilons)
+        return data.astype(np.float32)
 
     def dense(names: list[str]) -> str:
         """The module of the MatMul next to a fused node (producing one of `names`)."""
@@ -103,9 +132,11 @@ def _weights(graph: Any) -> dict[str, np.ndarray]:
 
     for node in graph.node:
         weights = [value(name) if name else None for name in node.input]
-        if node.op_type == "Cast" or all(w is None for w in weights):
+        if node.op_type in ("Cast", "Identity", "DequantizeLinear") or all(
+            w is None for w in weights
+        ):
             continue
-        op, module = node.op_type, _module(node)
+        op, module = node.op_type, _module(node, ours)
         if op == "Attention":  # its output feeds the layer's attention.output.dense MatMul
             after = [n for n in consumers.get(node.output[0], []) if n.op_type == "MatMul"]
             owner = _module(after[0]) if after else None
@@ -128,7 +159,7 @@ def _weights(graph: Any) -> dict[str, np.ndarray]:
             put(f"{dense([node.input[0]])}.bias", weights[1])
         elif module is None:
             raise RecoverError(f"a {op} node {node.name!r} holds weights this reader does not know")
-        elif op == "MatMul":
+        elif op in ("MatMul", "MatMulInteger"):
             put(f"{module}.weight", None if weights[1] is None else weights[1].T.copy())
         elif op == "Gemm":
             trans_b = any(a.name == "transB" and a.i for a in node.attribute)
@@ -141,8 +172,10 @@ def _weights(graph: Any) -> dict[str, np.ndarray]:
             put(f"{module}.bias", weights[2])
         elif op == "Gather":  # position and segment tables (the word table is read apart)
             put(f"{module}.weight", weights[0])
-        elif op == "Add":  # a bias added apart: the MLM decoder's, a head's
+        elif op == "Add":  # a bias added apart: the MLM decoder's, a head's, a quantised dense's
             put(f"{module}.bias", next(w for w in weights if w is not None))
+        elif op == "Mul":  # a decomposed LayerNorm's scale
+            put(f"{module}.weight", next(w for w in weights if w is not None))
         else:
             raise RecoverError(f"a {op} node {node.name!r} holds weights this reader does not know")
     return out
@@ -204,7 +237,7 @@ def checkpoint_from_bundle(directory: Path, out: Path) -> dict[str, Any]:
     graph = model_proto.graph
     _, table, _ = _take_word_table(graph, path)  # and the nodes that stored it
     _drop_unused_initializers(graph)  # its int8 rows and scales
-    weights = _weights(graph)
+    weights = read_weights(graph)
     weights["bert.embeddings.word_embeddings.weight"] = table
 
     arch_name = spec.source.architecture

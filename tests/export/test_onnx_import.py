@@ -1,0 +1,238 @@
+"""ONNX encoders we did not write, read back into checkpoints (export/onnx_import.py): for a
+random-weight cross-encoder of each supported family, exported by torch.onnx alone (a bare graph,
+no config.json: every dimension read or tried) and by Optimum (its folder, config.json beside
+it), each fp32 and dynamic int8 (ONNX Runtime's quantiser), the imported bundle answers as the
+original model within the graph's own rounding. What cannot be read is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import transformers
+
+from bertserve.export.__main__ import main
+from bertserve.export.bundle import build_bundle
+from bertserve.export.onnx_import import checkpoint_from_onnx, is_onnx_source
+from bertserve.export.recover import RecoverError
+from bertserve.model.checkpoint import read_config
+from bertserve.model.tokenizer import BertTokenizer
+from tests.helpers.checkpoints import cross_encoder
+from tests.helpers.families import family_checkpoint
+
+pytestmark = pytest.mark.slow
+FAMILIES = ["bert", "distilbert", "roberta", "xlm-roberta", "electra"]
+PAIRS = [
+    ("who was the first king of france ?", "He was born in Paris, the first city of France."),
+    ("a dull movie", "The film was good, and the cast was great."),
+    ("paris", "The dog and the fox went to London."),
+]
+SEGMENTS = {"bert", "electra"}  # the families whose graphs take token_type_ids
+
+
+def original(root: Path, family: str) -> Path:
+    """A random cross-encoder of `family`, every weight nudged off its initial value (so that a
+    weight read into the wrong place shows) and its attention made as peaked as a trained
+    model's (random attention is near uniform, whatever the head count), saved with its
+    tokenizer."""
+    if family == "bert":
+        directory = cross_encoder(root / "bert-rerank")
+        transformers.BertTokenizerFast(vocab_file=str(directory / "vocab.txt")).save_pretrained(
+            directory
+        )
+    else:
+        directory = family_checkpoint(root, family, "rerank")
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(directory)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.add_(0.05 * torch.randn_like(param))
+            if name.endswith(("query.weight", "key.weight", "q_lin.weight", "k_lin.weight")):
+                param.mul_(6)
+    model.save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+def feeds(tokenizer: BertTokenizer, names: list[str]) -> dict[str, np.ndarray]:
+    encoded = tokenizer.encode_batch([a for a, _ in PAIRS], [b for _, b in PAIRS], 64)
+    width = max(len(e.input_ids) for e in encoded)
+    out = {n: np.zeros((len(encoded), width), dtype=np.int64) for n in names}
+    out["input_ids"][:] = tokenizer.pad_id
+    for row, e in enumerate(encoded):
+        out["input_ids"][row, : len(e.input_ids)] = e.input_ids
+        out["attention_mask"][row, : len(e.input_ids)] = 1
+        if "token_type_ids" in out:
+            out["token_type_ids"][row, : len(e.input_ids)] = e.token_type_ids
+    return out
+
+
+def torch_onnx(directory: Path, out: Path, family: str) -> Path:
+    """A plain `torch.onnx.export` of the model: one graph file, nothing beside it."""
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(directory).eval()
+    names = ["input_ids", "attention_mask", *(["token_type_ids"] if family in SEGMENTS else [])]
+    example = tuple(torch.ones((2, 8), dtype=torch.long) for _ in names)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.onnx.export(
+        model,
+        example,
+        str(out),
+        input_names=names,
+        output_names=["logits"],
+        dynamic_axes={n: {0: "batch", 1: "sequence"} for n in names},
+        opset_version=17,
+        dynamo=False,
+    )
+    return out
+
+
+def optimum(directory: Path, out: Path) -> Path:
+    from optimum.exporters.onnx import main_export
+
+    main_export(str(directory), output=str(out), task="text-classification", device="cpu")
+    return out
+
+
+def int8(graph: Path, out: Path) -> Path:
+    """ONNX Runtime's dynamic quantiser, as published int8 graphs are made (MatMuls and the
+    embedding tables in int8)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "tokenizer.json", "special_tokens_map.json", "vocab.txt"):
+        if (graph.parent / name).is_file():
+            shutil.copyfile(graph.parent / name, out.parent / name)
+    quantize_dynamic(str(graph), str(out), weight_type=QuantType.QInt8)
+    return out
+
+
+def run(graph: Path, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    wanted = {i.name for i in session.get_inputs()}
+    return np.asarray(session.run(None, {k: v for k, v in inputs.items() if k in wanted})[0])
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, dict[str, Path]]:
+    root = tmp_path_factory.mktemp("onnx-sources")
+    made: dict[str, dict[str, Path]] = {}
+    for family in FAMILIES:
+        directory = original(root / "checkpoints", family)
+        plain = torch_onnx(directory, root / family / "torch" / "model.onnx", family)
+        folder = optimum(directory, root / family / "optimum")
+        made[family] = {
+            "checkpoint": directory,
+            "torch-fp32": plain,
+            "torch-int8": int8(plain, root / family / "torch-int8" / "model.onnx"),
+            "optimum-fp32": folder,
+            "optimum-int8": int8(folder / "model.onnx", root / family / "optimum-int8" / "q.onnx"),
+        }
+    return made
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("layout", ["torch-fp32", "torch-int8", "optimum-fp32", "optimum-int8"])
+def test_imported_bundle_answers_as_the_original(sources, family, layout, tmp_path):
+    made = sources[family]
+    source = made[layout]
+    tokenizer = made["checkpoint"] if layout.startswith("torch") else None
+    report = checkpoint_from_onnx(source, tmp_path / "ckpt", tokenizer=tokenizer)
+    config = read_config(tmp_path / "ckpt")
+    expected = json.loads((made["checkpoint"] / "config.json").read_text())
+    assert config.model_type == ("roberta" if family == "xlm-roberta" else family) or (
+        config.model_type == expected["model_type"]
+    )
+    assert config.num_attention_heads == 4 and config.num_hidden_layers == 2
+    assert report["heads_from"] == (
+        "outputs compared" if layout.startswith("torch") else "config.json"
+    )
+    assert report["quantised"] == layout.endswith("int8")
+
+    spec = build_bundle(tmp_path / "ckpt", ["rerank"], tmp_path / "bundle")
+    tok = BertTokenizer.load(made["checkpoint"])
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    inputs = feeds(tok, names)
+    reference = transformers.AutoModelForSequenceClassification.from_pretrained(
+        made["checkpoint"]
+    ).eval()
+    with torch.no_grad():
+        kwargs = {k: torch.from_numpy(v) for k, v in inputs.items()}
+        if family not in SEGMENTS:
+            kwargs.pop("token_type_ids")
+        truth = reference(**kwargs).logits.numpy()
+    ours = run(tmp_path / "bundle" / spec.model_file, inputs)
+    graph = run(source if source.suffix == ".onnx" else source / "model.onnx", inputs)
+    scale = np.abs(truth).max()
+    # An fp32 graph is the model: the bundle answers as it to float rounding. An int8 graph
+    # rounded the weights: the bundle keeps that rounding (its weights, dequantised) and computes
+    # the rest in fp32, so its distance from the original is of the int8 graph's own.
+    own = np.abs(graph - truth).max()
+    bound = 1e-4 * scale if layout.endswith("fp32") else 4 * own + 1e-3 * scale
+    assert np.abs(ours - truth).max() <= bound, (np.abs(ours - truth).max(), own, scale)
+    assert np.argsort(ours[:, 0]).tolist() == np.argsort(truth[:, 0]).tolist()
+
+
+def test_export_takes_an_onnx_source_and_names_it(sources, tmp_path, capsys):
+    """`bertserve export --checkpoint` reads an ONNX folder back first, and bundle.json names
+    the folder and the graph it came from."""
+    folder = sources["bert"]["optimum-int8"].parent
+    assert is_onnx_source(folder) and not is_onnx_source(sources["bert"]["checkpoint"])
+    assert (
+        main(["--checkpoint", str(folder), "--task", "rerank", "--out", str(tmp_path / "b")]) == 0
+    )
+    bundle = json.loads((tmp_path / "b" / "bundle.json").read_text())
+    assert bundle["source"]["checkpoint"] == str(folder)
+    assert bundle["source"]["init"]["origin"] == str(folder / "q.onnx")
+    assert bundle["source"]["init"]["sha256"] == (
+        __import__("hashlib").sha256((folder / "q.onnx").read_bytes()).hexdigest()
+    )
+
+
+def test_what_cannot_be_read_is_refused_in_one_line(sources, tmp_path, capsys):
+    made = sources["bert"]
+    plain = made["torch-fp32"]
+    # no tokenizer beside a bare graph
+    with pytest.raises(RecoverError, match="--tokenizer"):
+        checkpoint_from_onnx(plain, tmp_path / "a")
+    # a head count that is not the graph's: its answers differ, and the import says so
+    with pytest.raises(RecoverError, match="no reading answers as the graph does"):
+        checkpoint_from_onnx(plain, tmp_path / "b", tokenizer=made["checkpoint"], heads=2)
+    # an ONNX Runtime-optimised graph
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    fused = optimize_model(str(plain), "bert", num_heads=4, hidden_size=32)
+    fused.save_model_to_file(str(tmp_path / "fused.onnx"))
+    with pytest.raises(RecoverError, match="optimised graph"):
+        checkpoint_from_onnx(tmp_path / "fused.onnx", tmp_path / "c", tokenizer=made["checkpoint"])
+    # a folder with two graphs
+    two = tmp_path / "two"
+    two.mkdir()
+    shutil.copyfile(plain, two / "a.onnx")
+    shutil.copyfile(plain, two / "b.onnx")
+    with pytest.raises(RecoverError, match="several graphs"):
+        checkpoint_from_onnx(two, tmp_path / "d")
+    # through the CLI: one line on stderr, exit status 2
+    code = main(["checkpoint", str(plain), "--out", str(tmp_path / "e")])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+
+
+def test_a_weight_without_a_module_path_is_refused_by_name(sources, tmp_path):
+    """A graph whose weight-holding node lost its torch module path (a renamed node) cannot be
+    read by name, and the import names the node."""
+    made = sources["bert"]
+    proto = onnx.load(str(made["torch-fp32"]))
+    matmul = next(n for n in proto.graph.node if n.op_type == "MatMul" and "query" in n.name)
+    matmul.name = "renamed_matmul"
+    onnx.save(proto, str(tmp_path / "renamed.onnx"))
+    with pytest.raises(RecoverError, match="renamed_matmul"):
+        checkpoint_from_onnx(
+            tmp_path / "renamed.onnx", tmp_path / "x", tokenizer=made["checkpoint"]
+        )
