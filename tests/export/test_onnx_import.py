@@ -236,3 +236,33 @@ def test_a_weight_without_a_module_path_is_refused_by_name(sources, tmp_path):
         checkpoint_from_onnx(
             tmp_path / "renamed.onnx", tmp_path / "x", tokenizer=made["checkpoint"]
         )
+
+
+def test_the_command_records_the_provenance_it_is_given(sources, tmp_path, capsys):
+    made = sources["bert"]
+    code = main(
+        [
+            "checkpoint",
+            str(made["torch-int8"]),
+            "--out",
+            str(tmp_path / "ckpt"),
+            "--tokenizer",
+            str(made["checkpoint"]),
+            "--name",
+            "someone/tiny-cross-encoder",
+            "--license",
+            "mit",
+        ]
+    )
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (
+        report["heads"] == 4 and report["quantised"] and report["heads_from"] == "outputs compared"
+    )
+    source = json.loads((tmp_path / "ckpt" / "source.json").read_text())
+    assert source["name"] == "someone/tiny-cross-encoder" and source["license"] == "mit"
+    assert source["origin"] == str(made["torch-int8"])
+    assert (
+        json.loads((tmp_path / "ckpt" / "imported.json").read_text())["sha256"]
+        == (source["sha256"])
+    )
