@@ -333,6 +333,59 @@ def source_provenance(graph_path: Path, source: Path) -> Provenance:
     )
 
 
+def _choose(
+    graph_path: Path,
+    tensors: dict[str, torch.Tensor],
+    graph: Any,
+    families: list[str],
+    counts: list[int] | None,
+    answers: tuple[dict[str, np.ndarray], list[np.ndarray]],
+    pad_id: int,
+    limit: dict[str, float],
+) -> tuple[BertConfig, list[dict[str, Any]]]:
+    """The one reading of the weights (family, head count) whose answers are the graph's:
+    each candidate is run on the graph's inputs; none that agrees, or two, is refused. Returns
+    its config and every reading tried with its difference."""
+    feeds, theirs = answers
+    tries: list[dict[str, Any]] = []
+    best: tuple[dict[str, float], BertConfig] | None = None
+    for family_name in families:
+        probe = BertConfig(model_type=family_name)
+        probe = probe.replace(type_vocab_size=2 if probe.family.segments else 0)
+        architectures = _heads_of(tensors, graph, probe)
+        if not architectures:
+            state = normalise_keys(tensors, probe, "BertModel")
+            raise RecoverError(
+                f"{graph_path}: the weights read are no {family_name} head's "
+                f"({len(state)} of them, e.g. {sorted(state)[-1]})"
+            )
+        architecture = architectures[0]
+        state = normalise_keys(tensors, probe, architecture)
+        hidden = int(state["bert.encoder.layer.0.attention.self.query.weight"].shape[0])
+        for count in counts or [hidden // s for s in HEAD_SIZES if hidden % s == 0]:
+            config = _config(state, graph, family_name, count, architecture, pad_id)
+            model = HEADS[architecture](config)
+            model.load_state_dict(state, strict=False)
+            model.tie_weights()
+            difference = _difference(_ours(model.eval(), feeds), theirs, feeds["attention_mask"])
+            tries.append({"model_type": family_name, "heads": count} | difference)
+            if best is None or difference["hidden"] < best[0]["hidden"]:
+                best = (difference, config)
+    assert best is not None
+    if not _agrees(best[0], limit):
+        raise RecoverError(
+            f"{graph_path}: no reading answers as the graph does (best: {best[0]}, limit "
+            f"{limit}); tried {tries}"
+        )
+    runner_up = sorted(t["hidden"] for t in tries)[1:2]
+    if runner_up and runner_up[0] <= max(AMBIGUOUS * best[0]["hidden"], 1e-6):
+        raise RecoverError(
+            f"{graph_path}: two readings answer as the graph does ({tries}); say which with "
+            "--heads or --model-type"
+        )
+    return best[1], tries
+
+
 def checkpoint_from_onnx(
     source: Path,
     out: Path,
@@ -368,57 +421,24 @@ def checkpoint_from_onnx(
 
     feeds = _feeds(graph, bert_tokenizer, 64)
     theirs = _graph_answers(graph_path, proto, feeds)
-    mask = feeds["attention_mask"]
 
     given = BertConfig.from_dict(config_json) if config_json.get("model_type") else None
-    families = [given.model_type] if given else _family(set(raw), model_type)
-    tries: list[dict[str, Any]] = []
-    best: tuple[dict[str, float], BertConfig] | None = None
     tensors = {k: torch.from_numpy(v) for k, v in raw.items()}
-    for family_name in families:
-        probe = BertConfig(model_type=family_name)
-        probe = probe.replace(type_vocab_size=2 if probe.family.segments else 0)
-        architectures = _heads_of(tensors, graph, probe)
-        if not architectures:
-            state = normalise_keys(tensors, probe, "BertModel")
-            raise RecoverError(
-                f"{graph_path}: the weights read are no {family_name} head's "
-                f"({len(state)} of them, e.g. {sorted(state)[-1]})"
-            )
-        architecture = architectures[0]
-        state = normalise_keys(tensors, probe, architecture)
-        hidden = int(state["bert.encoder.layer.0.attention.self.query.weight"].shape[0])
-        if given is not None:
-            counts = [given.num_attention_heads]
-        elif heads is not None:
-            counts = [heads]
-        else:
-            counts = [hidden // s for s in HEAD_SIZES if hidden % s == 0]
-        for count in counts:
-            config = _config(state, graph, family_name, count, architecture, bert_tokenizer.pad_id)
-            if given is not None:
-                config = config.replace(id2label=given.id2label or config.id2label)
-            model = HEADS[architecture](config)
-            model.load_state_dict(state, strict=False)
-            model.tie_weights()
-            difference = _difference(_ours(model.eval(), feeds), theirs, mask)
-            tries.append({"model_type": family_name, "heads": count} | difference)
-            if best is None or difference["hidden"] < best[0]["hidden"]:
-                best = (difference, config)
-    assert best is not None
-    difference, config = best
+    families = [given.model_type] if given else _family(set(raw), model_type)
     limit = AGREEMENT["int8" if quantised else "fp32"]
-    if not _agrees(difference, limit):
-        raise RecoverError(
-            f"{graph_path}: no reading answers as the graph does (best: {difference}, limit "
-            f"{limit}); tried {tries}"
-        )
-    runner_up = sorted(t["hidden"] for t in tries)[1:2]
-    if runner_up and runner_up[0] <= max(AMBIGUOUS * difference["hidden"], 1e-6):
-        raise RecoverError(
-            f"{graph_path}: two readings answer as the graph does ({tries}); say which with "
-            "--heads or --model-type"
-        )
+    config, tries = _choose(
+        graph_path,
+        tensors,
+        graph,
+        families,
+        [given.num_attention_heads] if given else [heads] if heads else None,
+        (feeds, theirs),
+        bert_tokenizer.pad_id,
+        limit,
+    )
+    if given is not None:
+        config = config.replace(id2label=given.id2label or config.id2label)
+    mask = feeds["attention_mask"]
 
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
@@ -434,7 +454,7 @@ def checkpoint_from_onnx(
     loaded = load_model(staging).eval()  # the checkpoint as the exporter will read it
     check = _difference(_ours(loaded, feeds), theirs, mask)
     if not _agrees(check, limit):
-        raise RecoverError(f"{graph_path}: the written checkpoint differs by {check:.2e}")
+        raise RecoverError(f"{graph_path}: the written checkpoint differs from it: {check}")
     write_provenance(staging, provenance or source_provenance(graph_path, source))
     report = {
         "source": str(graph_path),
