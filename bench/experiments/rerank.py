@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from bench.loadgen import closed_loop
+from bench.run import commit
 from bench.servers import OURS, only_bundles, serve
 
 PEER = "cross-encoder"
@@ -109,9 +110,9 @@ def main() -> None:
         [
             "# Rerank: bertserve against a CrossEncoder server",
             "",
-            f"Measured on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()} "
-            f"with {os.cpu_count()} cores, with `bertserve bench rerank --bundle "
-            f"{args.bundle} --levels {args.levels} --rounds {args.rounds} --seconds "
+            f"Measured on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC at {commit()}, "
+            f"{platform.machine()} with {os.cpu_count()} cores, with `bertserve bench rerank "
+            f"--bundle {args.bundle} --levels {args.levels} --rounds {args.rounds} --seconds "
             f"{args.seconds:g}`. A request: one SQuAD dev question and 20 paragraphs of its "
             "article. The peer: FastAPI around sentence-transformers' CrossEncoder on the "
             "checkpoint the bundle was exported from (bench/peers/cross_encoder.py), one "
