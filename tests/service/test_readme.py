@@ -123,7 +123,7 @@ def server():
 
 def test_the_readme_has_an_example_for_every_task():
     paths = {path.split("?")[0] for path, _, _ in README}
-    assert {"/classify", "/ner", "/qa", "/embed", "/fill-mask", "/nsp"} <= paths
+    assert {"/classify", "/ner", "/qa", "/embed", "/rerank", "/fill-mask", "/nsp"} <= paths
 
 
 @pytest.mark.parametrize(
