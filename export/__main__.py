@@ -91,11 +91,41 @@ PRECISION_HELP = (
 )
 
 
+def add_onnx_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags an ONNX source may need (export/onnx_import.py), on `checkpoint` and
+    `export` alike."""
+    group = parser.add_argument_group("ONNX sources")
+    group.add_argument("--tokenizer", type=Path, help="folder of its tokenizer.json or vocab.txt")
+    group.add_argument(
+        "--heads", type=int, help="attention heads (default: config.json, else tried)"
+    )
+    group.add_argument(
+        "--model-type",
+        choices=["bert", "distilbert", "roberta", "xlm-roberta", "electra"],
+        help="family (default: config.json, else the weights' names)",
+    )
+    for flag, what in PROVENANCE_FLAGS.items():
+        group.add_argument(f"--{flag}", help=what)
+
+
+def import_onnx(args: argparse.Namespace, source: Path, out: Path) -> dict[str, Any]:
+    from bertserve.export.onnx_import import checkpoint_from_onnx
+
+    return checkpoint_from_onnx(
+        source,
+        out,
+        tokenizer=args.tokenizer,
+        heads=args.heads,
+        model_type=args.model_type,
+        provenance=provenance(args, source),
+    )
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m bertserve.export") -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from bertserve.export.bundle import build_bundle, convert_bundle, report_json, verify
-    from bertserve.export.onnx_import import checkpoint_from_onnx, is_onnx_source
+    from bertserve.export.onnx_import import is_onnx_source
     from bertserve.model.checkpoint import CheckpointError
 
     try:
@@ -125,30 +155,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.export"
             )
             parser.add_argument("source", type=Path, help="a bundle, an .onnx file or its folder")
             parser.add_argument("--out", required=True, type=Path, help="checkpoint directory")
-            onnx_flags = parser.add_argument_group("ONNX sources")
-            onnx_flags.add_argument(
-                "--tokenizer", type=Path, help="folder of its tokenizer.json or vocab.txt"
-            )
-            onnx_flags.add_argument(
-                "--heads", type=int, help="attention heads (default: config.json, else tried)"
-            )
-            onnx_flags.add_argument(
-                "--model-type",
-                choices=["bert", "distilbert", "roberta", "xlm-roberta", "electra"],
-                help="family (default: config.json, else the weights' names)",
-            )
-            for flag, what in PROVENANCE_FLAGS.items():
-                onnx_flags.add_argument(f"--{flag}", help=what)
+            add_onnx_flags(parser)
             args = parser.parse_args(argv[1:])
             if is_onnx_source(args.source):
-                report = checkpoint_from_onnx(
-                    args.source,
-                    args.out,
-                    tokenizer=args.tokenizer,
-                    heads=args.heads,
-                    model_type=args.model_type,
-                    provenance=provenance(args, args.source),
-                )
+                report = import_onnx(args, args.source, args.out)
             else:
                 report = checkpoint_from_bundle(args.source, args.out)
             print(json.dumps(report, indent=2))  # noqa: T201
@@ -254,13 +264,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.export"
             action="store_true",
             help="serve it for its tasks when a request names no model (bundle.json default)",
         )
+        add_onnx_flags(parser)
         args = parser.parse_args(argv)
         metrics = json.loads(args.metrics.read_text()) if args.metrics else None
         with tempfile.TemporaryDirectory(prefix="bertserve-import-") as tmp:
             checkpoint, label = args.checkpoint, None
             if is_onnx_source(checkpoint):  # someone else's graph: read back first
                 label, checkpoint = str(checkpoint), Path(tmp) / "checkpoint"
-                checkpoint_from_onnx(Path(label), checkpoint)
+                import_onnx(args, Path(label), checkpoint)
             spec = build_bundle(
                 checkpoint,
                 args.task.split(","),

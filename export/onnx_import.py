@@ -146,8 +146,14 @@ ARCHITECTURES = (
 )
 
 
+POOLER = {"bert.pooler.dense.weight", "bert.pooler.dense.bias"}
+
+
 def _heads_of(raw: dict[str, torch.Tensor], graph: Any, probe: BertConfig) -> list[str]:
-    """Our head classes whose weights, in `probe`'s family's names, are those of `raw`."""
+    """Our head classes whose weights, in `probe`'s family's names, are those of `raw`. A bare
+    encoder may come without its pooler (Optimum's feature-extraction export, a
+    sentence-transformers `onnx/` folder): the pooler is then left at its initial values, and
+    an embedding bundle does not use it."""
     rank = len(graph.output[0].type.tensor_type.shape.dim)
     found = []
     for architecture in ARCHITECTURES:
@@ -157,8 +163,13 @@ def _heads_of(raw: dict[str, torch.Tensor], graph: Any, probe: BertConfig) -> li
         if "bert.encoder.layer.0.attention.self.query.weight" not in state:
             continue
         config = _config(state, graph, probe.model_type, 1, architecture, 0)
-        expected = set(HEADS[architecture](config).state_dict()) - {_TIED}
-        if expected == set(state):
+        try:
+            expected = set(HEADS[architecture](config).state_dict()) - {_TIED}
+        except ValueError:  # a labelled head where the weights hold no classifier
+            continue
+        if expected == set(state) or (
+            architecture == "BertModel" and expected - POOLER == set(state)
+        ):
             found.append(architecture)
     return found
 
@@ -180,10 +191,31 @@ def _epsilon(graph: Any) -> float:
     return small[0] if small else 1e-12
 
 
+# The feed-forward activation, by the op its module computes (torch.onnx's erf GELU, the tanh
+# approximation, opset 20's Gelu); our encoder runs these only.
+ACTIVATIONS = {"Erf": "gelu", "Gelu": "gelu", "Tanh": "gelu_new", "FastGelu": "gelu_new"}
+
+
 def _activation(graph: Any) -> str:
-    """gelu (erf), or gelu_new (tanh) where the feed-forward's activation computes a Tanh."""
-    ops = {n.op_type for n in graph.node if "intermediate_act_fn" in n.name}
-    return "gelu_new" if "Tanh" in ops and "Erf" not in ops else "gelu"
+    """gelu or gelu_new, from the ops of the first layer's feed-forward activation (BERT's
+    `intermediate_act_fn`, DistilBERT's `ffn/activation`); another activation is refused by
+    name."""
+    ops = {
+        n.op_type
+        for n in graph.node
+        if "/layer.0/" in n.name
+        and ("intermediate_act_fn" in n.name or "/ffn/activation" in n.name)
+    }
+    other = sorted(ops & {"Relu", "Sigmoid", "LeakyRelu", "Elu", "Softplus", "HardSigmoid"})
+    if other:
+        raise RecoverError(
+            f"the feed-forward activation computes {', '.join(other)}: our encoder runs GELU "
+            "(erf or tanh) only"
+        )
+    found = {ACTIVATIONS[op] for op in ops if op in ACTIVATIONS}
+    if "gelu" in found:
+        return "gelu"
+    return "gelu_new" if found else "gelu"
 
 
 def _config(
@@ -386,6 +418,83 @@ def _choose(
     return best[1], tries
 
 
+def _check_out(out: Path, graph_path: Path) -> None:
+    """`out` is replaced whole: it must be new, empty, or an earlier import, and must not hold
+    the graph being read."""
+    if graph_path.resolve().is_relative_to(out.resolve()):
+        raise RecoverError(f"{out} holds the graph being read: write the checkpoint elsewhere")
+    if out.is_dir() and any(out.iterdir()) and not (out / IMPORTED_NAME).is_file():
+        raise RecoverError(f"{out} exists and is not an earlier import: name a new directory")
+
+
+def _refuse_unread(graph: Any, graph_path: Path) -> None:
+    """Graphs this reader does not read, refused by name: ONNX Runtime-optimised ones (fused
+    nodes), fp16 ones, and static (QDQ) quantised ones (weights behind DequantizeLinear)."""
+    from onnx import TensorProto
+
+    fused = sorted({n.op_type for n in graph.node if n.domain == "com.microsoft"})
+    if fused:
+        raise RecoverError(
+            f"{graph_path}: an ONNX Runtime-optimised graph ({', '.join(fused)}); import the "
+            "graph as exported, before optimisation"
+        )
+    if any(i.data_type == TensorProto.FLOAT16 for i in graph.initializer):
+        raise RecoverError(f"{graph_path}: an fp16 graph; import its fp32 or dynamic-int8 export")
+    inits = {i.name for i in graph.initializer}
+    if any(n.op_type == "DequantizeLinear" and n.input[0] in inits for n in graph.node):
+        raise RecoverError(
+            f"{graph_path}: a static (QDQ) quantised graph; import its fp32 or dynamic-int8 export"
+        )
+
+
+def _tie_decoder(raw: dict[str, np.ndarray], quantised: bool, graph_path: Path) -> None:
+    """An MLM decoder is the word table again (tied): its own copy is dropped, and its bias
+    takes the head's name. In an int8 graph the two copies were quantised apart, so they are
+    tied when they agree within that rounding; an untied decoder is refused."""
+    for key in [k for k in raw if k.endswith("decoder.bias")]:
+        raw.setdefault(key.removesuffix("decoder.bias") + "bias", raw.pop(key))
+    table = next((v for k, v in raw.items() if k.endswith("word_embeddings.weight")), None)
+    for key in [k for k in raw if k.endswith("decoder.weight")]:
+        decoder = raw.pop(key)
+        if table is None or decoder.shape != table.shape:
+            raise RecoverError(f"{graph_path}: an MLM decoder unlike the word table ({key})")
+        spread = float(np.abs(decoder - table).max() / (np.abs(table).max() + 1e-12))
+        if spread > (0.02 if quantised else 1e-6):
+            raise RecoverError(
+                f"{graph_path}: the MLM decoder differs from the word table ({spread:.1e} of its "
+                "largest weight): an untied decoder is not supported"
+            )
+
+
+def _write(
+    staging: Path,
+    config: BertConfig,
+    tensors: dict[str, torch.Tensor],
+    tok_dir: Path,
+    answers: tuple[dict[str, np.ndarray], list[np.ndarray]],
+    limit: dict[str, float],
+) -> dict[str, Any]:
+    """The checkpoint in `staging`, loaded back as the exporter will read it and checked
+    against the graph's answers once more; returns the check and what was left at init."""
+    feeds, theirs = answers
+    model = HEADS[config.architectures[0] if config.architectures else "BertModel"](config)
+    state = normalise_keys(tensors, config, model.architecture)
+    initialised = sorted(set(model.state_dict()) - set(state) - {_TIED})
+    model.load_state_dict(state, strict=False)
+    model.tie_weights()
+    save_model(model.eval(), staging)
+    for name in TOKENIZER_FILES:
+        if (tok_dir / name).is_file():
+            shutil.copyfile(tok_dir / name, staging / name)
+    if (tok_dir / "1_Pooling").is_dir():
+        shutil.copytree(tok_dir / "1_Pooling", staging / "1_Pooling")
+    loaded = load_model(staging).eval()
+    check = _difference(_ours(loaded, feeds), theirs, feeds["attention_mask"])
+    if not _agrees(check, limit):
+        raise RecoverError(f"the written checkpoint differs from the graph: {check}")
+    return {"difference": check, "limit": limit, "initialised": initialised}
+
+
 def checkpoint_from_onnx(
     source: Path,
     out: Path,
@@ -400,24 +509,17 @@ def checkpoint_from_onnx(
     import onnx
 
     graph_path = find_graph(source)
-    if out.resolve() == graph_path.parent.resolve():
-        raise RecoverError(f"{out}: the checkpoint goes beside the graph's folder, not into it")
+    _check_out(out, graph_path)
     tok_dir = find_tokenizer(graph_path, tokenizer)
     bert_tokenizer = BertTokenizer.load(tok_dir)
     config_json = _config_json(graph_path)
 
     proto = onnx.load(str(graph_path))
     graph = proto.graph
-    fused = sorted({n.op_type for n in graph.node if n.domain == "com.microsoft"})
-    if fused:
-        raise RecoverError(
-            f"{graph_path}: an ONNX Runtime-optimised graph ({', '.join(fused)}); import the "
-            "graph as exported, before optimisation"
-        )
+    _refuse_unread(graph, graph_path)
     raw = read_weights(graph, ours=False)
     quantised = any(n.op_type in ("MatMulInteger", "DequantizeLinear") for n in graph.node)
-    for key in [k for k in raw if k.endswith("decoder.bias")]:  # an MLM decoder's bias
-        raw.setdefault(key.removesuffix("decoder.bias") + "bias", raw.pop(key))
+    _tie_decoder(raw, quantised, graph_path)
 
     feeds = _feeds(graph, bert_tokenizer, 64)
     theirs = _graph_answers(graph_path, proto, feeds)
@@ -431,44 +533,33 @@ def checkpoint_from_onnx(
         tensors,
         graph,
         families,
-        [given.num_attention_heads] if given else [heads] if heads else None,
+        [heads] if heads else [given.num_attention_heads] if given else None,
         (feeds, theirs),
         bert_tokenizer.pad_id,
         limit,
     )
     if given is not None:
         config = config.replace(id2label=given.id2label or config.id2label)
-    mask = feeds["attention_mask"]
 
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    model = HEADS[config.architectures[0] if config.architectures else "BertModel"](config)
-    model.load_state_dict(normalise_keys(tensors, config, model.architecture), strict=False)
-    model.tie_weights()
-    save_model(model.eval(), staging)
-    for name in TOKENIZER_FILES:
-        if (tok_dir / name).is_file():
-            shutil.copyfile(tok_dir / name, staging / name)
-    if (tok_dir / "1_Pooling").is_dir():
-        shutil.copytree(tok_dir / "1_Pooling", staging / "1_Pooling")
-    loaded = load_model(staging).eval()  # the checkpoint as the exporter will read it
-    check = _difference(_ours(loaded, feeds), theirs, mask)
-    if not _agrees(check, limit):
-        raise RecoverError(f"{graph_path}: the written checkpoint differs from it: {check}")
-    write_provenance(staging, provenance or source_provenance(graph_path, source))
-    report = {
-        "source": str(graph_path),
-        "sha256": sha256(graph_path),
-        "quantised": quantised,
-        "model_type": config.model_type,
-        "architecture": model.architecture,
-        "heads": config.num_attention_heads,
-        "heads_from": "config.json" if given else "--heads" if heads else "outputs compared",
-        "tries": tries,
-        "difference": check,
-        "limit": limit,
-    }
-    (staging / IMPORTED_NAME).write_text(json.dumps(report, indent=2) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
+    try:
+        written = _write(staging, config, tensors, tok_dir, (feeds, theirs), limit)
+        write_provenance(staging, provenance or source_provenance(graph_path, source))
+        report = {
+            "source": str(graph_path),
+            "sha256": sha256(graph_path),
+            "quantised": quantised,
+            "model_type": config.model_type,
+            "architecture": config.architectures[0] if config.architectures else "BertModel",
+            "heads": config.num_attention_heads,
+            "heads_from": "--heads" if heads else "config.json" if given else "outputs compared",
+            "tries": tries,
+        } | written
+        (staging / IMPORTED_NAME).write_text(json.dumps(report, indent=2) + "\n")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    shutil.rmtree(out, ignore_errors=True)  # empty, or an earlier import (_check_out)
     staging.rename(out)
     return report

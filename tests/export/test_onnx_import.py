@@ -266,3 +266,162 @@ def test_the_command_records_the_provenance_it_is_given(sources, tmp_path, capsy
         json.loads((tmp_path / "ckpt" / "imported.json").read_text())["sha256"]
         == (source["sha256"])
     )
+
+
+HEAD_CASES = {
+    # HF class, graph outputs, a transformers output to compare, our architecture
+    "BertForQuestionAnswering": (["start_logits", "end_logits"], "start_logits"),
+    "BertForMaskedLM": (["logits"], "logits"),
+    "BertForTokenClassification": (["logits"], "logits"),
+}
+
+
+def bert(
+    root: Path, cls: str, labels: int = 5, **config
+) -> tuple[Path, transformers.PreTrainedModel]:
+    """A tiny random BERT of `cls`, nudged and peaked as `original` does, with its tokenizer."""
+    directory = root / cls
+    shape = {"vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 2}
+    shape |= {"num_attention_heads": 4, "intermediate_size": 37, "max_position_embeddings": 64}
+    torch.manual_seed(11)
+    model = getattr(transformers, cls)(
+        transformers.BertConfig(**shape, num_labels=labels, **config)
+    ).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "word_embeddings" not in name:  # the MLM decoder stays the table
+                param.add_(0.05 * torch.randn_like(param))
+            if name.endswith(("query.weight", "key.weight")):
+                param.mul_(6)
+    model.save_pretrained(directory, safe_serialization=True)
+    shutil.copyfile(sources_vocab(root), directory / "vocab.txt")
+    return directory, model
+
+
+def sources_vocab(root: Path) -> Path:
+    from tests.helpers.checkpoints import write_vocab
+
+    path = root / "vocab.txt"
+    if not path.is_file():
+        write_vocab(path)
+    return path
+
+
+def export_head(model, out: Path, outputs: list[str]) -> Path:
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.onnx.export(
+        model,
+        tuple(torch.ones((2, 8), dtype=torch.long) for _ in names),
+        str(out),
+        input_names=names,
+        output_names=outputs,
+        dynamic_axes={n: {0: "batch", 1: "sequence"} for n in names},
+        opset_version=17,
+        dynamo=False,
+    )
+    return out
+
+
+def ours_against_theirs(directory: Path, model, out: Path, field: str) -> float:
+    """The imported checkpoint run by our model against the original transformers model."""
+    from bertserve.export.onnx_import import _ours
+    from bertserve.model.checkpoint import load_model
+
+    inputs = feeds(BertTokenizer.load(directory), ["input_ids", "attention_mask", "token_type_ids"])
+    with torch.no_grad():
+        truth = getattr(model(**{k: torch.from_numpy(v) for k, v in inputs.items()}), field)
+    ours = _ours(load_model(out).eval(), inputs)[1].reshape(truth.shape)
+    return float(np.abs(ours - truth.numpy()).max() / np.abs(truth.numpy()).max())
+
+
+@pytest.mark.parametrize("cls", list(HEAD_CASES))
+@pytest.mark.parametrize("precision", ["fp32", "int8-per-channel"])
+def test_every_head_imports(cls, precision, tmp_path):
+    """QA, MLM (its decoder the word table again, quantised apart in int8) and token
+    classification heads read back as the original model, from fp32 and per-channel int8."""
+    outputs, field = HEAD_CASES[cls]
+    directory, model = bert(tmp_path, cls, labels=2 if "Question" in cls else 5)
+    graph = export_head(model, tmp_path / "torch" / "model.onnx", outputs)
+    if precision != "fp32":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(
+            str(graph), str(tmp_path / "q.onnx"), weight_type=QuantType.QInt8, per_channel=True
+        )
+        graph = tmp_path / "q.onnx"
+    report = checkpoint_from_onnx(graph, tmp_path / "ckpt", tokenizer=directory)
+    assert report["architecture"] == cls and report["heads"] == 4
+    bound = 1e-5 if precision == "fp32" else 0.05
+    assert ours_against_theirs(directory, model, tmp_path / "ckpt", field) <= bound
+
+
+def test_a_bare_encoder_without_its_pooler_imports_for_embeddings(tmp_path):
+    """Optimum's feature-extraction export of a BertModel keeps no pooler (its output is the
+    last hidden state): it imports, the pooler left at init and said so, and an embed bundle
+    of it answers as the original's mean-pooled hidden states."""
+    from optimum.exporters.onnx import main_export
+
+    directory, model = bert(tmp_path, "BertModel")
+    transformers.BertTokenizerFast(vocab_file=str(directory / "vocab.txt")).save_pretrained(
+        directory
+    )
+    main_export(str(directory), output=str(tmp_path / "opt"), task="feature-extraction")
+    report = checkpoint_from_onnx(tmp_path / "opt", tmp_path / "ckpt")
+    assert report["architecture"] == "BertModel"
+    assert report["initialised"] == ["bert.pooler.dense.bias", "bert.pooler.dense.weight"]
+    spec = build_bundle(tmp_path / "ckpt", ["embed"], tmp_path / "bundle")
+    inputs = feeds(BertTokenizer.load(directory), ["input_ids", "attention_mask", "token_type_ids"])
+    with torch.no_grad():
+        hidden = model(**{k: torch.from_numpy(v) for k, v in inputs.items()}).last_hidden_state
+    mask = torch.from_numpy(inputs["attention_mask"])[..., None].float()
+    mean = ((hidden * mask).sum(1) / mask.sum(1)).numpy()
+    mean /= np.linalg.norm(mean, axis=-1, keepdims=True)
+    pooled = run(tmp_path / "bundle" / spec.model_file, inputs)  # normalised when served
+    pooled /= np.linalg.norm(pooled, axis=-1, keepdims=True)
+    assert np.abs(pooled - mean).max() < 1e-5
+
+
+def test_graphs_it_does_not_read_are_refused_by_name(sources, tmp_path):
+    """fp16 and static (QDQ) graphs, an activation our encoder does not run, and an --out that
+    is not the import's own (or holds the graph) are refused in one line, nothing deleted."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    made = sources["bert"]
+    plain, tok = made["torch-fp32"], made["checkpoint"]
+    half = convert_float_to_float16(onnx.load(str(plain)), keep_io_types=True)
+    onnx.save(half, str(tmp_path / "half.onnx"))
+    with pytest.raises(RecoverError, match="an fp16 graph"):
+        checkpoint_from_onnx(tmp_path / "half.onnx", tmp_path / "a", tokenizer=tok)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.left = [
+                feeds(BertTokenizer.load(tok), ["input_ids", "attention_mask", "token_type_ids"])
+            ]
+
+        def get_next(self):
+            return self.left.pop() if self.left else None
+
+    quantize_static(str(plain), str(tmp_path / "qdq.onnx"), Reader(), quant_format=QuantFormat.QDQ)
+    with pytest.raises(RecoverError, match="static \\(QDQ\\)"):
+        checkpoint_from_onnx(tmp_path / "qdq.onnx", tmp_path / "b", tokenizer=tok)
+
+    directory, model = bert(tmp_path, "BertForSequenceClassification", labels=1, hidden_act="relu")
+    relu = export_head(model, tmp_path / "relu" / "model.onnx", ["logits"])
+    with pytest.raises(RecoverError, match="computes Relu"):
+        checkpoint_from_onnx(relu, tmp_path / "c", tokenizer=directory)
+
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("mine")
+    with pytest.raises(RecoverError, match="not an earlier import"):
+        checkpoint_from_onnx(plain, keep, tokenizer=tok)
+    assert (keep / "notes.txt").read_text() == "mine"
+    with pytest.raises(RecoverError, match="holds the graph"):
+        checkpoint_from_onnx(plain, plain.parent, tokenizer=tok)
+    assert plain.is_file()
+    checkpoint_from_onnx(plain, tmp_path / "again", tokenizer=tok)  # an earlier import: replaced
+    checkpoint_from_onnx(plain, tmp_path / "again", tokenizer=tok)
+    assert not (tmp_path / "again.tmp").exists()
