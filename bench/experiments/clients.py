@@ -8,20 +8,24 @@ minute.
   job's batches at once): their statuses, and the latency of single /classify requests sent one
   after another during the burst against the same requests on the idle server.
 
-    bertserve bench clients --data ../shared/data
+    bertserve bench clients --data ../shared/data --report docs/reports/clients.md
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import json
+import os
+import platform
 import statistics
 import time
 from pathlib import Path
 
 import httpx
 
+from bench.run import commit
 from bench.servers import OURS, only_bundles, serve
 
 EMBED, CLASSIFY = "minilm-embed", "sst2-distilled-2x192"
@@ -114,6 +118,42 @@ async def run(base: str, data: Path, rounds: int) -> dict:
     }
 
 
+def report(result: dict, rounds: int) -> str:
+    """The run as docs/reports/clients.md: machine, date, commit, command, and each
+    measurement beside its baseline."""
+    big, small = (
+        result["one_request_of_2048_texts_per_s"],
+        result["64_requests_of_32_at_8_connections_texts_per_s"],
+    )
+    burst = result["burst"]
+    during, idle = result["classify_during_burst_p50_ms"], result["classify_idle_p50_ms"]
+    return "\n".join(
+        [
+            "# Clients as they come: a 2,048-text request and a burst of 200",
+            "",
+            f"Measured on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC at {commit()}, "
+            f"{platform.machine()} with {os.cpu_count()} cores, with `bertserve bench clients "
+            f"--rounds {rounds}`: one server of the shipped `{EMBED}` and `{CLASSIFY}` at its "
+            "default settings (bench/experiments/clients.py), each measurement beside its "
+            "baseline in the same minute.",
+            "",
+            "| | measured | baseline | ratio |",
+            "|---|---|---|---|",
+            f"| 2,048 texts in one /v1/embeddings request | "
+            f"{' / '.join(f'{x:.0f}' for x in big)} texts/s | the same texts as 64 requests of "
+            f"32 at 8 connections: {' / '.join(f'{x:.0f}' for x in small)} texts/s | "
+            f"**{result['ratio_median']:.2f}x** (medians, rounds alternated) |",
+            f"| 200 concurrent /embed requests of 10 sentences | statuses {burst['statuses']}, "
+            f"in {burst['seconds']:.1f} s | | |",
+            f"| single /classify sent one after another during that burst | p50 {during:.1f} ms "
+            f"({result['classify_during_burst_requests']} answered, max "
+            f"{result['classify_during_burst_max_ms']:.0f} ms) | the same requests on the idle "
+            f"server: p50 {idle:.1f} ms | **{during / idle:.2f}x** |",
+            "",
+        ]
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bundles", type=Path, default=Path("bundles"))
@@ -121,6 +161,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--port", type=int, default=8191)
     parser.add_argument("--work", type=Path, default=Path("runs/bench"))
+    parser.add_argument("--report", type=Path, default=None, help="write the Markdown report")
     args = parser.parse_args()
     only = only_bundles(args.bundles, [EMBED, CLASSIFY], args.work / "clients-bundles")
     ready = json.dumps({"inputs": "ready"}).encode()
@@ -129,6 +170,8 @@ def main() -> None:
     ) as server:
         result = asyncio.run(run(server.base, args.data, args.rounds))
     print(json.dumps(result, indent=2))
+    if args.report:
+        args.report.write_text(report(result, args.rounds))
 
 
 if __name__ == "__main__":
