@@ -15,12 +15,16 @@ background job first: the two cores are the measurement.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import os
+import platform
 import statistics
 from pathlib import Path
 
 from bench.inputs import write_bodies
 from bench.loadgen import closed_loop
+from bench.run import commit
 from bench.servers import OURS, only_bundles, serve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,9 +72,15 @@ def main() -> None:
     def median(arm: str, level: int, i: int) -> float:
         return statistics.median(x[i] for x in results[(arm, level)])
 
+    env = "".join(f" --env {e}" for e in args.env)
     lines = [
-        f"`bertserve bench lone --bundle {args.bundle} --rounds {args.rounds} "
-        f"--seconds {args.seconds:g}` ({', '.join(arms)}); medians over rounds.",
+        f"# A lone request: `{args.bundle}` against the plain FastAPI + ONNX Runtime server",
+        "",
+        f"Measured on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC at {commit()}, "
+        f"{platform.machine()} with {os.cpu_count()} cores, with `bertserve bench lone "
+        f"--bundle {args.bundle} --arms {args.arms}{env} --levels {args.levels} --rounds "
+        f"{args.rounds} --seconds {args.seconds:g}`: medians over the alternated rounds; the "
+        "peer is bench/peers/ort_plain.py (no batching, its threads on every core, spinning).",
         "",
         "| arm | "
         + " | ".join(f"p50 ms @{c} | req/s @{c}" for c in levels)
