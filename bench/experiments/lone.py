@@ -72,13 +72,13 @@ def main() -> None:
     def median(arm: str, level: int, i: int) -> float:
         return statistics.median(x[i] for x in results[(arm, level)])
 
-    env = "".join(f" --env {e}" for e in args.env)
+    env_flags = "".join(f" --env {e}" for e in args.env)
     lines = [
         f"# A lone request: `{args.bundle}` against the plain FastAPI + ONNX Runtime server",
         "",
         f"Measured on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC at {commit()}, "
         f"{platform.machine()} with {os.cpu_count()} cores, with `bertserve bench lone "
-        f"--bundle {args.bundle} --arms {args.arms}{env} --levels {args.levels} --rounds "
+        f"--bundle {args.bundle} --arms {args.arms}{env_flags} --levels {args.levels} --rounds "
         f"{args.rounds} --seconds {args.seconds:g}`: medians over the alternated rounds; the "
         "peer is bench/peers/ort_plain.py (no batching, its threads on every core, spinning).",
         "",
