@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, get_args
 
+from bertserve.model.families import FAMILIES
 from bertserve.runtime.bundle import Precision
 
 EXAMPLES = """examples:
@@ -58,28 +59,13 @@ CHECKPOINT_EXAMPLES = """examples:
       # a dynamic-int8 model.onnx and its tokenizer, no config.json
   {prog} DIR/optimum-export --out runs/imported   # Optimum's folder: config.json beside it
 """
-# What an ONNX source's provenance records (source.json, then bundle.json's source.init) where
-# the folder does not say: its config.json's _name_or_path, its README's license.
+# What an ONNX source's provenance records (source.json, then bundle.json's source.init): each
+# flag given, over what the folder says of itself (export/onnx_import.py source_provenance).
 PROVENANCE_FLAGS = {
     "name": "the published model's name (default: config.json's _name_or_path, else the folder)",
     "license": "its licence (default: the README's front matter, else unknown)",
     "origin": "how it was obtained (default: the graph's path)",
 }
-
-
-def provenance(args: argparse.Namespace, source: Path) -> Any:
-    """The provenance an ONNX import records: the flags given over what the folder says."""
-    if not any(getattr(args, flag) for flag in PROVENANCE_FLAGS):
-        return None
-    from bertserve.export.onnx_import import find_graph, source_provenance
-
-    found = source_provenance(find_graph(source), source)
-    return type(found)(
-        name=args.name or found.name,
-        origin=args.origin or found.origin,
-        license=args.license or found.license,
-        sha256=found.sha256,
-    )
 
 
 PRECISIONS = list(get_args(Precision))
@@ -101,7 +87,7 @@ def add_onnx_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--model-type",
-        choices=["bert", "distilbert", "roberta", "xlm-roberta", "electra"],
+        choices=list(FAMILIES),
         help="family (default: config.json, else the weights' names)",
     )
     for flag, what in PROVENANCE_FLAGS.items():
@@ -117,7 +103,7 @@ def import_onnx(args: argparse.Namespace, source: Path, out: Path) -> dict[str, 
         tokenizer=args.tokenizer,
         heads=args.heads,
         model_type=args.model_type,
-        provenance=provenance(args, source),
+        provenance={flag: getattr(args, flag) for flag in PROVENANCE_FLAGS},
     )
 
 

@@ -211,7 +211,9 @@ def build_bundle(
     config = read_config(checkpoint)
     tokenizer = BertTokenizer.load(checkpoint)
     sentence = read_sentence_settings(checkpoint)
-    if lower_case if lower_case is not None else sentence.get("do_lower_case", False):
+    if lower_case is None:
+        lower_case = sentence.get("do_lower_case", False)
+    if lower_case:
         tokenizer = tokenizer.lower_casing()
     if tokenizer.vocab_size > config.vocab_size:
         raise ValueError(
@@ -235,8 +237,9 @@ def build_bundle(
     inputs, outputs = graph_io(tasks, config.family.segments)
     pooling = read_pooling(checkpoint) if "embed" in tasks else None
     if pooling is not None:
-        pooling |= {"mode": pooling_mode or pooling["mode"]}
-        pooling |= {"normalize": pooling["normalize"] if normalize is None else normalize}
+        pooling["mode"] = pooling_mode or pooling["mode"]
+        if normalize is not None:
+            pooling["normalize"] = normalize
     elif pooling_mode is not None or normalize is not None:
         raise ValueError("--pooling and --normalize apply to an embed bundle only")
     prompts = read_prompts(checkpoint) if "embed" in tasks else {}

@@ -31,7 +31,9 @@ ONNX Runtime-optimised graphs (fused Attention, SkipLayerNormalization; export w
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -39,9 +41,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from bertserve.export.parity import sample_feeds
 from bertserve.export.recover import RecoverError, read_weights
 from bertserve.model.checkpoint import _TIED, load_model, normalise_keys, save_model, sha256
 from bertserve.model.config import BertConfig
+from bertserve.model.families import FAMILIES
 from bertserve.model.heads import HEADS
 from bertserve.model.sources import Provenance, _front_matter, write_provenance
 from bertserve.model.tokenizer import BertTokenizer
@@ -71,9 +75,11 @@ HEAD_SIZES = (8, 16, 32, 48, 64, 80, 96, 128)
 AGREEMENT = {"fp32": {"hidden": 1e-6, "outputs": 1e-4}, "int8": {"hidden": 0.02, "outputs": 0.05}}
 # A second reading this close to the best one leaves the choice to the user.
 AMBIGUOUS = 2.0
-# The encoder's key prefix in each family's checkpoints (model/families.py's `prefix`).
-PREFIXES = {"bert.": "bert", "distilbert.": "distilbert", "roberta.": "roberta"}
-PREFIXES["electra."] = "electra"
+# The family each encoder key prefix names (model/families.py); RoBERTa's is shared by
+# XLM-RoBERTa and CamemBERT, whose encoders are RoBERTa's.
+PREFIXES: dict[str, str] = {}
+for _name, _family_spec in FAMILIES.items():
+    PREFIXES.setdefault(_family_spec.prefix, _name)
 PAIRS = [
     ("who wrote the first book about the river ?", "the river runs through the old city."),
     ("what is the capital of france", "Paris is the capital and largest city of France."),
@@ -149,7 +155,9 @@ ARCHITECTURES = (
 POOLER = {"bert.pooler.dense.weight", "bert.pooler.dense.bias"}
 
 
-def _heads_of(raw: dict[str, torch.Tensor], graph: Any, probe: BertConfig) -> list[str]:
+def _heads_of(
+    raw: dict[str, torch.Tensor], graph: Any, probe: BertConfig, facts: dict[str, Any]
+) -> list[str]:
     """Our head classes whose weights, in `probe`'s family's names, are those of `raw`. A bare
     encoder may come without its pooler (Optimum's feature-extraction export, a
     sentence-transformers `onnx/` folder): the pooler is then left at its initial values, and
@@ -162,7 +170,7 @@ def _heads_of(raw: dict[str, torch.Tensor], graph: Any, probe: BertConfig) -> li
         state = normalise_keys(raw, probe, architecture)
         if "bert.encoder.layer.0.attention.self.query.weight" not in state:
             continue
-        config = _config(state, graph, probe.model_type, 1, architecture, 0)
+        config = _config(state, facts, probe.model_type, 1, architecture)
         try:
             expected = set(HEADS[architecture](config).state_dict()) - {_TIED}
         except ValueError:  # a labelled head where the weights hold no classifier
@@ -213,20 +221,28 @@ def _activation(graph: Any) -> str:
             "(erf or tanh) only"
         )
     found = {ACTIVATIONS[op] for op in ops if op in ACTIVATIONS}
-    if "gelu" in found:
-        return "gelu"
-    return "gelu_new" if found else "gelu"
+    return "gelu_new" if found == {"gelu_new"} else "gelu"
+
+
+def _graph_facts(graph: Any, tokenizer: BertTokenizer) -> dict[str, Any]:
+    """What the config takes from the graph and the tokenizer rather than from the weights'
+    shapes, read once: the activation, the LayerNorms' epsilon, the padding id (RoBERTa's
+    positions start after it)."""
+    return {
+        "hidden_act": _activation(graph),
+        "layer_norm_eps": _epsilon(graph),
+        "pad_token_id": tokenizer.pad_id,
+    }
 
 
 def _config(
     state: dict[str, torch.Tensor],
-    graph: Any,
+    facts: dict[str, Any],
     model_type: str,
     heads: int,
     architecture: str,
-    pad_id: int,
 ) -> BertConfig:
-    """Our config from our-named weights' shapes and what the graph says of the rest."""
+    """Our config from our-named weights' shapes and the graph's `facts`."""
     table = state["bert.embeddings.word_embeddings.weight"]
     hidden = int(state["bert.encoder.layer.0.attention.self.query.weight"].shape[0])
     layers = len({k.split(".")[3] for k in state if k.startswith("bert.encoder.layer.")})
@@ -238,11 +254,8 @@ def _config(
         num_hidden_layers=layers,
         num_attention_heads=heads,
         intermediate_size=int(state["bert.encoder.layer.0.intermediate.dense.weight"].shape[0]),
-        hidden_act=_activation(graph),
         max_position_embeddings=int(state["bert.embeddings.position_embeddings.weight"].shape[0]),
         type_vocab_size=int(segments.shape[0]) if segments is not None else 0,
-        layer_norm_eps=_epsilon(graph),
-        pad_token_id=pad_id,
         model_type=model_type,
         embedding_size=int(table.shape[1]) if table.shape[1] != hidden else None,
         architectures=(architecture,),
@@ -251,33 +264,23 @@ def _config(
             if labels is not None and architecture != "BertForQuestionAnswering"
             else None
         ),
+        **facts,
     )
 
 
 def _feeds(graph: Any, tokenizer: BertTokenizer, max_len: int) -> dict[str, np.ndarray]:
     """Padded pairs of real text for every input the graph takes."""
-    encoded = tokenizer.encode_batch([a for a, _ in PAIRS], [b for _, b in PAIRS], max_len)
-    width = max(len(e.input_ids) for e in encoded)
-    ids = np.full((len(encoded), width), tokenizer.pad_id, dtype=np.int64)
-    mask = np.zeros_like(ids)
-    types = np.zeros_like(ids)
-    for row, e in enumerate(encoded):
-        ids[row, : len(e.input_ids)] = e.input_ids
-        mask[row, : len(e.input_ids)] = 1
-        types[row, : len(e.input_ids)] = e.token_type_ids
-    available = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
     names = [i.name for i in graph.input]
-    unknown = [n for n in names if n not in available]
+    unknown = sorted(set(names) - {"input_ids", "attention_mask", "token_type_ids"})
     if unknown:
         raise RecoverError(f"the graph takes inputs this reader cannot feed: {unknown}")
-    return {n: available[n] for n in names}
+    texts, pairs = zip(*PAIRS, strict=True)
+    return sample_feeds(tokenizer, texts, names, max_len, pairs=pairs)
 
 
 def _last_layer(graph: Any) -> str:
     """The tensor the encoder's last block writes (its output LayerNorm's): the last node, in
     graph order, of the highest `layer.N` module, quantisation steps aside."""
-    import re
-
     blocks = [
         (int(m.group(1)), i, node)
         for i, node in enumerate(graph.node)
@@ -372,7 +375,7 @@ def _choose(
     families: list[str],
     counts: list[int] | None,
     answers: tuple[dict[str, np.ndarray], list[np.ndarray]],
-    pad_id: int,
+    facts: dict[str, Any],
     limit: dict[str, float],
 ) -> tuple[BertConfig, list[dict[str, Any]]]:
     """The one reading of the weights (family, head count) whose answers are the graph's:
@@ -384,7 +387,7 @@ def _choose(
     for family_name in families:
         probe = BertConfig(model_type=family_name)
         probe = probe.replace(type_vocab_size=2 if probe.family.segments else 0)
-        architectures = _heads_of(tensors, graph, probe)
+        architectures = _heads_of(tensors, graph, probe, facts)
         if not architectures:
             state = normalise_keys(tensors, probe, "BertModel")
             raise RecoverError(
@@ -395,7 +398,7 @@ def _choose(
         state = normalise_keys(tensors, probe, architecture)
         hidden = int(state["bert.encoder.layer.0.attention.self.query.weight"].shape[0])
         for count in counts or [hidden // s for s in HEAD_SIZES if hidden % s == 0]:
-            config = _config(state, graph, family_name, count, architecture, pad_id)
+            config = _config(state, facts, family_name, count, architecture)
             model = HEADS[architecture](config)
             model.load_state_dict(state, strict=False)
             model.tie_weights()
@@ -502,10 +505,11 @@ def checkpoint_from_onnx(
     tokenizer: Path | None = None,
     heads: int | None = None,
     model_type: str | None = None,
-    provenance: Provenance | None = None,
+    provenance: dict[str, str | None] | None = None,
 ) -> dict[str, Any]:
     """Write the checkpoint `out` from the ONNX graph `source` (a file or a folder), checked
-    against the graph; returns the check and what was read or chosen."""
+    against the graph; returns the check and what was read or chosen. `provenance`: name,
+    license or origin to record over what the source says of itself (`source_provenance`)."""
     import onnx
 
     graph_path = find_graph(source)
@@ -526,7 +530,7 @@ def checkpoint_from_onnx(
 
     given = BertConfig.from_dict(config_json) if config_json.get("model_type") else None
     tensors = {k: torch.from_numpy(v) for k, v in raw.items()}
-    families = [given.model_type] if given else _family(set(raw), model_type)
+    families = _family(set(raw), model_type or (given.model_type if given else None))
     limit = AGREEMENT["int8" if quantised else "fp32"]
     config, tries = _choose(
         graph_path,
@@ -535,7 +539,7 @@ def checkpoint_from_onnx(
         families,
         [heads] if heads else [given.num_attention_heads] if given else None,
         (feeds, theirs),
-        bert_tokenizer.pad_id,
+        _graph_facts(graph, bert_tokenizer),
         limit,
     )
     if given is not None:
@@ -545,10 +549,12 @@ def checkpoint_from_onnx(
     shutil.rmtree(staging, ignore_errors=True)
     try:
         written = _write(staging, config, tensors, tok_dir, (feeds, theirs), limit)
-        write_provenance(staging, provenance or source_provenance(graph_path, source))
+        found = source_provenance(graph_path, source)
+        given_fields = {k: v for k, v in (provenance or {}).items() if v}
+        write_provenance(staging, dataclasses.replace(found, **given_fields))
         report = {
             "source": str(graph_path),
-            "sha256": sha256(graph_path),
+            "sha256": found.sha256,
             "quantised": quantised,
             "model_type": config.model_type,
             "architecture": config.architectures[0] if config.architectures else "BertModel",

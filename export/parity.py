@@ -108,12 +108,14 @@ def sample_feeds(
     inputs: Sequence[str],
     max_len: int,
     case_types: int = 0,
+    pairs: Sequence[str] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Right-padded int64 arrays for `texts`; with `mask_positions`, every 6th ordinary token of
-    each text is replaced by [MASK] and its position listed (at least one a row); with
-    `case_types` (a scheme), segment ids carry letter case as /ner sends them
-    (BertConfig.case_type_ids)."""
-    encodings = tokenizer.encode_batch(list(texts), max_length=max_len)
+    """Right-padded int64 arrays for `texts` (and their second segments, `pairs`); with
+    `mask_positions`, every 6th ordinary token of each text is replaced by [MASK] and its
+    position listed (at least one a row); with `case_types` (a scheme), segment ids carry letter
+    case as /ner sends them (BertConfig.case_type_ids)."""
+    second = None if pairs is None else list(pairs)
+    encodings = tokenizer.encode_batch(list(texts), second, max_length=max_len)
     length = max(len(e.input_ids) for e in encodings)
     feeds = {
         "input_ids": np.full((len(texts), length), tokenizer.pad_id, dtype=np.int64),
