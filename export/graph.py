@@ -190,13 +190,13 @@ class TaskGraph(nn.Module):
         if arch == "BertForQuestionAnswering":
             out = m(input_ids, attention_mask, token_type_ids)
             return out.start_logits, out.end_logits
-        if arch == "BertModel":  # embeddings: the last hidden states, pooled
+        if arch == "BertModel":  # embeddings: the last hidden states, pooled, and themselves
             sequence, _ = m.bert(input_ids, attention_mask, token_type_ids)  # (B, S, H)
             if self.pooling == "cls":
-                return (sequence[:, 0],)
+                return sequence[:, 0], sequence
             weights = attention_mask.unsqueeze(-1).to(sequence.dtype)  # (B, S, 1)
             summed = (sequence * weights).sum(1)  # (B, H)
-            return (summed / weights.sum(1).clamp(min=1e-9),)
+            return summed / weights.sum(1).clamp(min=1e-9), sequence
         return (m(input_ids, attention_mask, token_type_ids).logits,)
 
 

@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 
 
 class Backend(Protocol):
+    """A model: `run(feeds)`, and where a batch's rows want outputs computed only on demand,
+    `run(feeds, extra=names)`; a backend that runs alone also takes `alone=True`."""
+
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
 
@@ -97,6 +100,9 @@ class Row:
     input_ids: np.ndarray  # (S,) int64
     token_type_ids: np.ndarray  # (S,) int64
     mask_positions: np.ndarray | None = None  # (P,) int64
+    # Outputs computed only on demand (runtime.capabilities.ON_DEMAND) that this row needs: the
+    # call of any batch holding it computes them, for every row of it.
+    wants: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -455,12 +461,15 @@ class Batcher:
             if alone:
                 self._lone_calls.inc()
             inline = alone and lone and self.lone_cost.inline(feeds)
+            extra = tuple(sorted({name for item in batch for name in item.row.wants}))
             try:
                 if inline:  # on this thread: no hand-off to the model's thread and back
-                    outputs, call_s = self._run(feeds, alone)
+                    outputs, call_s = self._run(feeds, alone, extra)
                 else:
                     executor = self._bulk_executor if bulk else self._executor
-                    outputs, call_s = await loop.run_in_executor(executor, self._run, feeds, alone)
+                    outputs, call_s = await loop.run_in_executor(
+                        executor, self._run, feeds, alone, extra
+                    )
             except Exception:  # the backend's failure fails this batch only
                 # The error's text stays in the log: it may name files or memory addresses.
                 log.exception("model %s failed a batch of %d", self.name, len(batch))
@@ -519,12 +528,15 @@ class Batcher:
                     item.future.set_exception(DeadlineExceeded(error))
 
     def _run(
-        self, feeds: dict[str, np.ndarray], alone: bool = False
+        self, feeds: dict[str, np.ndarray], alone: bool = False, extra: tuple[str, ...] = ()
     ) -> tuple[dict[str, np.ndarray], float]:
         """The model call, on the model's thread, and how long it took there (`CallCost`)."""
         started = time.perf_counter()
-        run = self.backend.run
-        outputs = run(feeds, alone=True) if alone else run(feeds)  # type: ignore[call-arg]
+        run: Any = self.backend.run
+        options: dict[str, Any] = {"alone": True} if alone else {}
+        if extra:
+            options["extra"] = extra
+        outputs = run(feeds, **options)
         return outputs, time.perf_counter() - started
 
     async def _fill(self) -> None:

@@ -72,11 +72,12 @@ CAPABILITIES = _table(
         training="finetune",
         evaluations=("qa",),
     ),
-    # The encoder alone, mean-pooled (a sentence-transformers bi-encoder), trained elsewhere.
+    # The encoder alone, mean-pooled (a sentence-transformers bi-encoder), trained elsewhere,
+    # and its last hidden states (late chunking: runtime/tasks/chunks.py).
     Capability(
         name="embed",
         architecture="BertModel",
-        outputs={"embeddings": "sequence"},
+        outputs={"embeddings": "sequence", "token_embeddings": "token"},
         labelled=False,
         training="none",
         evaluations=("embed",),
@@ -91,6 +92,12 @@ CAPABILITIES = _table(
         evaluations=("rerank",),
     ),
 )
+
+
+# Outputs a model call computes only for a batch holding a row that asks for them
+# (`runtime.batching.Row.wants`): a batch's token states are rows x length x hidden floats, which
+# every other call of the graph would copy out for nothing.
+ON_DEMAND = frozenset({"token_embeddings"})
 
 
 def trained_by(training: Training) -> list[str]:

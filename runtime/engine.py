@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from bertserve.runtime.bundle import SEGMENTS, BundleSpec
+from bertserve.runtime.capabilities import ON_DEMAND
 
 log = logging.getLogger(__name__)
 ort_log = logging.getLogger("onnxruntime")
@@ -191,6 +192,7 @@ class Engine:
                 raise EngineError(f"{path}: ONNX Runtime cannot load it: {lone}") from lone
             self.lone_session = lone
         self.outputs = [o.name for o in self.session.get_outputs()]
+        self.served = [o for o in self.outputs if o not in ON_DEMAND]  # what a call returns
         self.inputs = [i.name for i in self.session.get_inputs()]
         if self.inputs != spec.inputs or self.outputs != spec.outputs:
             raise EngineError(
@@ -245,9 +247,12 @@ class Engine:
         """The warm-up is over: a call larger than its largest now gives its growth back."""
         self._warming = False
 
-    def run(self, feeds: dict[str, np.ndarray], alone: bool = False) -> dict[str, np.ndarray]:
-        """The outputs by name. `alone`: nothing else runs on the machine now; the call takes
-        the lone session, if there is one (`runs_alone`)."""
+    def run(
+        self, feeds: dict[str, np.ndarray], alone: bool = False, extra: tuple[str, ...] = ()
+    ) -> dict[str, np.ndarray]:
+        """The outputs by name: the graph's, less those computed on demand
+        (runtime.capabilities.ON_DEMAND) unless `extra` names them. `alone`: nothing else runs
+        on the machine now; the call takes the lone session, if there is one (`runs_alone`)."""
         ids = feeds["input_ids"]
         if self._segmentless and SEGMENTS in feeds:
             feeds = {name: value for name, value in feeds.items() if name != SEGMENTS}
@@ -258,7 +263,10 @@ class Engine:
             elif ids.size > SHRINK_AFTER * self.warm_tokens:
                 options = self._shrink
         session = self.lone_session if alone and self.lone_session is not None else self.session
-        return dict(zip(self.outputs, session.run(self.outputs, feeds, options), strict=True))
+        names = self.served
+        if extra:
+            names = names + [n for n in self.outputs if n in extra and n not in names]
+        return dict(zip(names, session.run(names, feeds, options), strict=True))
 
 
 def warmup_feeds(

@@ -62,12 +62,16 @@ class RemoteBackend:
         self._conn = conn
         return conn
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(
+        self, feeds: dict[str, np.ndarray], extra: tuple[str, ...] = ()
+    ) -> dict[str, np.ndarray]:
+        """The outputs of one padded batch; `extra`: outputs computed only on demand
+        (runtime.capabilities.ON_DEMAND) that its rows want."""
         with self._lock:
             for attempt in (1, 2):
                 conn = self._conn or self._connect()
                 try:
-                    conn.send_bytes(pack("run", feeds))
+                    conn.send_bytes(pack("run", feeds, extra=list(extra)))
                     answer, outputs = unpack(conn.recv_bytes())
                     break
                 except (EOFError, OSError, WireError) as exc:

