@@ -22,7 +22,8 @@ the loop itself dies it is restarted and readiness is false until it is.
 
 A lone request, one row with nothing queued behind it and no other request in flight in any process
 on these cores (`Activity`), runs alone: on the backend's lone session, which has every core
-(runtime.engine). So do client batches' calls while no other process has a request in flight. A lone
+(runtime.engine). So do the calls of a request of many rows (a long document's chunks) while it is
+the only request in flight, and client batches' calls while no other process has one. A lone
 call that costs little runs on the event loop's own thread, since handing a short call to the
 model's thread and its answer back costs a large share of the call
 (docs/performance.md#what-limits-it); the loop waits for that one call, so only a call measured to
@@ -451,10 +452,13 @@ class Batcher:
             # spread over both workers (bertserve bench clients), and 8 connections of 16-text
             # batches read 152-166 sentences/s in half of six server starts, 300-315 in the
             # others, as if one worker did all the work (301-305 in four starts with this).
+            # So do the rows of one request (a long document's chunks, a long text's windows)
+            # while it is the only request in flight anywhere.
             lone = len(batch) == 1 and not self._items
             bulk = all(item.request.bulk for item in batch)
+            one = all(item.request is batch[0].request for item in batch)
             alone = getattr(self.backend, "runs_alone", False) and (
-                (lone and self.activity.alone()) or (bulk and self.activity.others_idle())
+                (one and self.activity.alone()) or (bulk and self.activity.others_idle())
             )
             started = time.monotonic()
             self._running = batch
