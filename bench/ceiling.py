@@ -39,7 +39,7 @@ def load(bundle: Path, threads: int = 0) -> tuple[Engine, TaskContext]:
 
 def classify_rows(ctx: TaskContext, bodies: Path) -> list:
     texts = [json.loads(line)["inputs"] for line in bodies.read_text().splitlines() if line]
-    return classify.preprocess(ctx, texts, truncate=True)
+    return classify.preprocess(ctx, texts, "truncate")[0]
 
 
 def ceiling(

@@ -80,7 +80,12 @@ def load_models(
             engine = Engine(directory, spec, settings.engine_options())
         max_rows = min(settings.max_request_rows, settings.max_queue_rows)
         ctx = TaskContext.load(
-            directory, spec, settings.max_text_chars, max_rows, settings.auto_truncate
+            directory,
+            spec,
+            settings.max_text_chars,
+            max_rows,
+            settings.auto_truncate or settings.long_input == "truncate",
+            settings.long_input,
         )
         batcher = Batcher(
             spec.name,

@@ -90,6 +90,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_fill_mask_candidates",
         "max_text_chars",
         "auto_truncate",
+        "long_input",
     ),
     "HTTP and security": (
         "host",
@@ -305,8 +306,9 @@ class Settings(BaseSettings):
     # chromadb a whole add() at once. Each input is a row of the batcher, which runs them in
     # batches of max_batch_rows with every other client's.
     max_client_batch: int = Field(2048, ge=1, description="inputs in one request")
+    # 256: a 17,500-token article (the longest of SQuAD v1.1 dev) in chunks of 128 pieces.
     max_request_rows: int = Field(
-        64,
+        256,
         ge=1,
         description="sequences one request may become (the windows of long texts), or as many "
         "as it has inputs if that is more; at most the queue bound of its lane "
@@ -330,6 +332,13 @@ class Settings(BaseSettings):
         description="cut inputs longer than the model takes, instead of a 413, where a request "
         "does not say (`truncate` left out on /embed, /similarity, /rerank and /v1/embeddings), "
         "as text-embeddings-inference's --auto-truncate",
+    )
+    long_input: Literal["error", "truncate", "chunk"] = Field(
+        "error",
+        description="what an input longer than the model's window gets where a request does not "
+        "say (`long_input`, or `truncate`) on /embed, /v1/embeddings, /similarity, /classify, "
+        "/rerank and /v1/rerank: a 413 (error), cut (truncate; as auto_truncate), or cut into "
+        "chunks whose answers are combined (chunk: docs/api.md#long-inputs)",
     )
 
     # --- HTTP and security ---

@@ -19,6 +19,7 @@ TASKS: dict[str, Task] = {
         qa.TASK,
         nsp.TASK,
         embed.EMBED,
+        embed.EMBED_CHUNKS,
         embed.OPENAI_EMBEDDINGS,
         embed.SIMILARITY,
         rerank.RERANK,

@@ -25,12 +25,16 @@ from bertserve.runtime.errors import ClientGone, DeadlineExceeded, InvalidInput,
 LimitName = Literal["max_client_batch", "max_request_rows", "max_rerank_documents"]
 # Which end of an over-long input gives way (text-embeddings-inference's truncation_direction).
 Direction = Literal["Left", "Right"]
+# What happens to an input longer than the model's window (BERTSERVE_LONG_INPUT, or a
+# request's `long_input`): refused (413), cut (TEI's --auto-truncate), or chunked
+# (runtime/tasks/chunks.py).
+LongInput = Literal["error", "truncate", "chunk"]
 
 
 @dataclass(frozen=True)
 class RequestLimits:
     max_client_batch: int = 2048
-    max_request_rows: int = 64
+    max_request_rows: int = 256
     max_rerank_documents: int = 256
 
     def __getitem__(self, name: LimitName) -> int:
@@ -132,6 +136,9 @@ class TaskContext:
     # Cut over-long inputs where a request does not say (`truncate` left out): the service's
     # `auto_truncate`, as text-embeddings-inference's --auto-truncate.
     auto_truncate: bool = False
+    # What an over-long input gets where a request says nothing (BERTSERVE_LONG_INPUT:
+    # runtime/tasks/chunks.py): "error" (413), "truncate" or "chunk".
+    long_input: LongInput = "error"
     _local: threading.local = field(default_factory=threading.local)
     _frame: tuple[list[int], list[int]] | None = field(default=None, repr=False)
     _foreign: frozenset[int] | None = field(default=None, repr=False)
@@ -147,6 +154,7 @@ class TaskContext:
         max_text_chars: int,
         max_rows: int = 1_000_000,
         auto_truncate: bool = False,
+        long_input: LongInput = "error",
     ) -> TaskContext:
         text = (directory / spec.tokenizer.file).read_text(encoding="utf-8")
         plain = Tokenizer.from_str(text)
@@ -156,7 +164,18 @@ class TaskContext:
         byte_level = bool(parsed["model"].get("byte_fallback")) or '"ByteLevel"' in json.dumps(
             parsed.get("pre_tokenizer")
         )
-        ctx = cls(spec, plain, text, max_text_chars, max_rows, auto_truncate, byte_level=byte_level)
+        if long_input == "error" and auto_truncate:
+            long_input = "truncate"
+        ctx = cls(
+            spec,
+            plain,
+            text,
+            max_text_chars,
+            max_rows,
+            auto_truncate,
+            long_input,
+            byte_level=byte_level,
+        )
         if "embed" in spec.tasks:  # token-id inputs are checked against it: made now, not on
             _ = ctx.foreign_ids  # the event loop when the first such request comes
         return ctx
@@ -349,8 +368,9 @@ class TaskContext:
     def too_long(self, tokens: int, qualifier: str = "") -> TooLarge:
         return TooLarge(
             f"input is {qualifier}{tokens} tokens; the model takes {self.max_len}. "
-            'Shorten it or ask for truncation ("parameters": {"truncation": true}; '
-            '"truncate": true on /embed, /similarity and /rerank)'
+            'Shorten it, ask for truncation ("parameters": {"truncation": true}; '
+            '"truncate": true on /embed, /similarity and /rerank), or for chunks '
+            '("long_input": "chunk"; in "parameters" on /classify and /similarity)'
         )
 
 

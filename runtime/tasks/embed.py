@@ -18,6 +18,8 @@ against float64 digits' 21, written 2.5x faster.
 from __future__ import annotations
 
 import base64
+import bisect
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
@@ -26,7 +28,35 @@ from pydantic import BaseModel, Field
 from bertserve.runtime.batching import Row, RowResult
 from bertserve.runtime.errors import InvalidInput, TooLarge
 from bertserve.runtime.schemas import CLOSED, STRICT, WHOLE, Params, Request, Text
-from bertserve.runtime.tasks.common import Direction, Task, TaskContext, row, usage
+from bertserve.runtime.tasks.chunks import (
+    DEFAULT_CHUNK_TOKENS,
+    DEFAULT_OVERLAP_TOKENS,
+    MEAN_OVERLAP_TOKENS,
+    Chunk,
+    Document,
+    Groups,
+    LongInput,
+    check_chunk_tokens,
+    chunk_rows,
+    documents,
+    id_chunks,
+    late_windows,
+    long_mode,
+    prompt_pieces,
+    room,
+    too_many,
+    weighted_mean,
+    window_for,
+)
+from bertserve.runtime.tasks.common import (
+    Direction,
+    Task,
+    TaskContext,
+    checkpoint,
+    row,
+    tokenize,
+    usage,
+)
 
 Texts = Text | Annotated[list[Text], Field(min_length=1)]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0), WHOLE]], Field(min_length=1)]
@@ -39,6 +69,15 @@ PromptName = Annotated[
 ]
 
 
+LongInputField = Annotated[
+    LongInput | None,
+    Field(
+        description="an input longer than the model's window: error (413), truncate, or chunk "
+        "(cut into chunks of the window whose answers are combined: "
+        "docs/api.md#long-inputs); left out: as `truncate` says, else the service's "
+        "BERTSERVE_LONG_INPUT (default error)"
+    ),
+]
 Truncate = Annotated[
     bool | None,
     Field(
@@ -61,6 +100,7 @@ Dimensions = Annotated[
 class EmbedRequest(Request):
     inputs: Texts
     normalize: bool = True
+    long_input: LongInputField = None
     truncate: Truncate = None
     truncation_direction: TruncationDirection = "Right"
     prompt_name: PromptName = None
@@ -81,6 +121,7 @@ class OpenAIEmbeddingsRequest(Request):
     dimensions: Dimensions = None
     user: str | None = Field(None, description="accepted and ignored")
     truncate: Truncate = None  # an extension: OpenAI's API has no such field
+    long_input: LongInputField = None  # an extension too
     # Jina's embeddings API: the same route with more fields (langchain's JinaEmbeddings).
     normalized: bool | None = Field(
         None, description="(Jina) unit-length vectors; default: as the bundle pools"
@@ -89,7 +130,11 @@ class OpenAIEmbeddingsRequest(Request):
         None, description="(Jina) as encoding_format; binary types are not served"
     )
     task: str | None = Field(None, description="(Jina) accepted and ignored")
-    late_chunking: bool | None = Field(None, description="(Jina) accepted and ignored")
+    late_chunking: bool | None = Field(
+        None,
+        description="(Jina) the inputs are the chunks of one text, in order: each one's vector "
+        "is pooled from token states computed with the others around it",
+    )
 
     @property
     def base64(self) -> bool:
@@ -105,6 +150,7 @@ class SimilarityInputs(BaseModel):
 
 
 class SimilarityParams(Params):
+    long_input: LongInputField = None
     truncate: Truncate = None
     truncation_direction: TruncationDirection = "Right"
     prompt_name: PromptName = None
@@ -192,19 +238,45 @@ def text_rows(
     ctx: TaskContext,
     texts: list[str],
     prompt_name: str | None,
-    truncate: bool | None,
+    long_input: LongInput,
     direction: Direction = "Right",
-) -> list[Row]:
-    """A row a text, behind its prompt (`prompted`)."""
-    cut = ctx.truncating(truncate)
-    return [
-        row(
-            ctx.encode(
-                prompted(ctx, prompt_name, ctx.check_text(t)), truncate=cut, direction=direction
+) -> tuple[list[Row], Groups]:
+    """A row a text, behind its prompt (`prompted`); with `long_input` "chunk" a row a chunk of
+    an over-long text (chunks of the window less the prompt, overlapping by
+    MEAN_OVERLAP_TOKENS), and which rows are whose."""
+    if long_input != "chunk":
+        cut = long_input == "truncate"
+        rows = [
+            row(
+                ctx.encode(
+                    prompted(ctx, prompt_name, ctx.check_text(t)), truncate=cut, direction=direction
+                )
             )
-        )
-        for t in texts
-    ]
+            for t in texts
+        ]
+        return rows, Groups.one_each(len(rows))
+    prompt = prompted(ctx, prompt_name, "")
+    size = room(ctx, len(prompt_pieces(ctx, prompt)))
+    overlap = MEAN_OVERLAP_TOKENS
+    return chunk_rows(ctx, texts, size, overlap, lambda t: ctx.encode(prompt + t, truncate=True))
+
+
+def combined(
+    results: list[RowResult], groups: Groups, normalize: bool, dimensions: int | None = None
+) -> list[np.ndarray]:
+    """Each input's vector: its row's (`embeddings`), or for a chunked input the mean of its
+    chunks' unit vectors weighted by their pieces, of unit length if `normalize`."""
+    out = []
+    for span, weights in zip(groups.spans, groups.weights, strict=True):
+        if len(span) == 1:
+            out.extend(embeddings([results[span.start]], normalize, dimensions))
+            continue
+        units = embeddings([results[i] for i in span], True, dimensions)
+        mean = weighted_mean(units, weights).astype(np.float32)
+        if normalize:
+            mean = mean / max(float(np.linalg.norm(mean)), 1e-12)
+        out.append(mean)
+    return out
 
 
 class Embed(Task):
@@ -223,16 +295,14 @@ class Embed(Task):
 
     def prepare(
         self, ctx: TaskContext, items: list[str], request: EmbedRequest
-    ) -> tuple[list[Row], None]:
-        rows = text_rows(
-            ctx, items, request.prompt_name, request.truncate, request.truncation_direction
-        )
-        return rows, None
+    ) -> tuple[list[Row], Groups]:
+        mode = long_mode(ctx, request.long_input, request.truncate)
+        return text_rows(ctx, items, request.prompt_name, mode, request.truncation_direction)
 
     def finish(
-        self, ctx: TaskContext, prepared: None, results: list[RowResult], request: EmbedRequest
+        self, ctx: TaskContext, prepared: Groups, results: list[RowResult], request: EmbedRequest
     ) -> list[Any]:
-        return embeddings(results, request.normalize, request.dimensions)
+        return combined(results, prepared, request.normalize, request.dimensions)
 
     def respond(
         self, answers: list[Any], single: bool, request: Any, rows: list[Row], model: str
@@ -269,27 +339,41 @@ class OpenAIEmbeddings(Task):
 
     def prepare(
         self, ctx: TaskContext, items: list[Any], request: OpenAIEmbeddingsRequest
-    ) -> tuple[list[Row], None]:
-        cut = ctx.truncating(request.truncate)
-        rows = [
-            ctx.encode_ids(t, truncate=cut)
-            if isinstance(t, list)
-            else row(ctx.encode(ctx.check_text(t), truncate=cut))
-            for t in items
-        ]
-        return rows, None
+    ) -> tuple[list[Row], Groups | list[tuple[int, int, int]]]:
+        mode = long_mode(ctx, request.long_input, request.truncate)
+        if request.late_chunking and not isinstance(items[0], list):
+            check_late(ctx)
+            return late_inputs(ctx, items)
+        if not isinstance(items[0], list):  # texts
+            return text_rows(ctx, items, None, mode)
+        if mode != "chunk":
+            whole = [ctx.encode_ids(t, truncate=mode == "truncate") for t in items]
+            return whole, Groups.one_each(len(whole))
+        size = room(ctx)  # a client's ids: chunked where any piece ends, no text to look at
+        overlap = MEAN_OVERLAP_TOKENS
+        rows: list[Row] = []
+        spans, weights = [], []
+        for ids in items:
+            chunks = id_chunks(len(ids), size, overlap)
+            spans.append(range(len(rows), len(rows) + len(chunks)))
+            weights.append([c.tokens for c in chunks])
+            rows.extend(ctx.encode_ids(ids[c.first : c.last]) for c in chunks)
+        return rows, Groups(spans, weights)
 
     def finish(
         self,
         ctx: TaskContext,
-        prepared: None,
+        prepared: Groups | list[tuple[int, int, int]],
         results: list[RowResult],
         request: OpenAIEmbeddingsRequest,
     ) -> list[Any]:
         normalize = ctx.spec.pooling.normalize if ctx.spec.pooling else True
         if request.normalized is not None:
             normalize = request.normalized
-        vectors = embeddings(results, normalize, request.dimensions)
+        if isinstance(prepared, list):  # late chunking's places
+            vectors = late_vectors(results, prepared, normalize, request.dimensions)
+        else:
+            vectors = combined(results, prepared, normalize, request.dimensions)
         if request.base64:
             return [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vectors]
         return vectors
@@ -328,17 +412,15 @@ class Similarity(Task):
 
     def prepare(
         self, ctx: TaskContext, items: list[str], request: SimilarityRequest
-    ) -> tuple[list[Row], None]:
+    ) -> tuple[list[Row], Groups]:
         params = request.parameters
-        rows = text_rows(
-            ctx, items, params.prompt_name, params.truncate, params.truncation_direction
-        )
-        return rows, None
+        mode = long_mode(ctx, params.long_input, params.truncate)
+        return text_rows(ctx, items, params.prompt_name, mode, params.truncation_direction)
 
     def finish(
-        self, ctx: TaskContext, prepared: None, results: list[RowResult], request: Any
+        self, ctx: TaskContext, prepared: Groups, results: list[RowResult], request: Any
     ) -> list[Any]:
-        source, *others = embeddings(results, normalize=True)
+        source, *others = combined(results, prepared, normalize=True)
         return [float(source @ other) for other in others]
 
     def respond(
@@ -347,6 +429,232 @@ class Similarity(Task):
         return answers
 
 
+def check_late(ctx: TaskContext) -> None:
+    """Late chunking mean-pools token states: a 422 for a bundle without them or one that pools
+    otherwise."""
+    if "token_embeddings" not in ctx.spec.outputs:
+        raise InvalidInput(
+            f"late chunking needs the token states of model {ctx.spec.name}, whose graph was "
+            "exported without them: export it again with this version (bertserve export "
+            "--task embed)"
+        )
+    if ctx.spec.pooling is not None and ctx.spec.pooling.mode != "mean":
+        raise InvalidInput(
+            f"late chunking mean-pools each chunk's token states; model {ctx.spec.name} pools "
+            f"by {ctx.spec.pooling.mode}"
+        )
+
+
+def late_rows(
+    ctx: TaskContext,
+    ids: list[int],
+    chunks: list[Chunk],
+    prefix: list[int],
+    longest: int,
+    rows: list[Row],
+) -> list[tuple[int, int, int]]:
+    """Late chunking's rows for one text of pieces `ids`: windows of the model's full length
+    (behind the prompt's pieces `prefix`) that hold each chunk of at most `longest` pieces
+    whole, appended to `rows`, with their token states asked for. Returns where each chunk's
+    states are: (row index, first position, one past its last)."""
+    front, back = ctx.special_frame
+    window = room(ctx, len(prefix))
+    head = len(front) + len(prefix)
+    starts = late_windows(len(ids), window, longest, chunks)
+    first_row = len(rows)
+    for s in starts:
+        full = np.asarray([*front, *prefix, *ids[s : s + window], *back], dtype=np.int64)
+        rows.append(Row(full, np.zeros_like(full), wants=("token_embeddings",)))
+    places = []
+    for chunk in chunks:
+        w = window_for(chunk, starts, window)
+        s = starts[w]
+        places.append((first_row + w, head + chunk.first - s, head + chunk.last - s))
+    return places
+
+
+def late_vectors(
+    results: list[RowResult],
+    places: list[tuple[int, int, int]],
+    normalize: bool,
+    dimensions: int | None,
+) -> list[np.ndarray]:
+    """Each chunk's vector: the mean of its pieces' token states (`late_rows`' places), its
+    first `dimensions` components, of unit length if `normalize`. A chunk of no pieces (a text
+    the tokenizer keeps nothing of) takes its window's pooled vector."""
+    vectors = []
+    for r, first, last in places:
+        outputs = results[r].outputs
+        vector = (
+            outputs["token_embeddings"][first:last].astype(np.float32).mean(0)
+            if last > first
+            else outputs["embeddings"].astype(np.float32)
+        )[:dimensions]
+        if normalize:
+            vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
+        vectors.append(vector)
+    return vectors
+
+
+def late_inputs(ctx: TaskContext, texts: list[str]) -> tuple[list[Row], list[tuple[int, int, int]]]:
+    """Jina's `late_chunking`: the inputs are the chunks of one text, read in order, joined by
+    a space; each input's vector is the mean of its pieces' token states with the others
+    around it (in windows of the model's full length where they are more than one)."""
+    for i, t in enumerate(texts):
+        ctx.check_text(t, f"input {i}")
+    joined = " ".join(texts)
+    if len(joined) > ctx.max_text_chars:
+        raise TooLarge(
+            f"late_chunking joins the inputs into one text of {len(joined):,} characters; the "
+            f"limit is {ctx.max_text_chars:,}"
+        )
+    enc = tokenize(ctx.tokenizer, joined, add_special_tokens=False)
+    starts = [piece[0] for piece in enc.offsets]
+    chunks, at = [], 0
+    for text in texts:
+        first = bisect.bisect_left(starts, at)
+        last = bisect.bisect_left(starts, at + len(text))
+        chunks.append(Chunk(first, last, at, at + len(text)))
+        at += len(text) + 1
+    longest = max(c.tokens for c in chunks)
+    if longest > room(ctx):
+        raise TooLarge(
+            f"with late_chunking an input is {longest} tokens; one must fit the model's window "
+            f"({room(ctx)} besides its special tokens)"
+        )
+    windows = len(late_windows(len(enc), room(ctx), longest, chunks))
+    if windows > ctx.rows_for(len(texts)):
+        raise too_many(windows, ctx.rows_for(len(texts)), ctx.max_len)
+    rows: list[Row] = []
+    places = late_rows(ctx, enc.ids, chunks, [], longest, rows)
+    return rows, places
+
+
+class EmbedChunksRequest(Request):
+    inputs: Texts
+    chunk_tokens: Annotated[int, Field(ge=8), WHOLE] = Field(
+        DEFAULT_CHUNK_TOKENS,
+        description="the most pieces of the text a chunk holds (its own: special tokens and the "
+        "prompt not counted); at most the model's window less those",
+    )
+    overlap_tokens: Annotated[int, Field(ge=0), WHOLE] = Field(
+        DEFAULT_OVERLAP_TOKENS,
+        description="the most pieces two neighbouring chunks share; less than chunk_tokens",
+    )
+    late: bool = Field(
+        False,
+        description="late chunking: each chunk's vector is the mean of its pieces' token states "
+        "in a window of the model's full length around it, not of the chunk encoded alone",
+    )
+    normalize: bool = True
+    prompt_name: PromptName = None
+    dimensions: Dimensions = None
+    return_text: bool = Field(False, description="each chunk's text beside its offsets")
+
+
+class ChunkEmbedding(BaseModel):
+    start: int = Field(description="the chunk's first character (Unicode code points)")
+    end: int = Field(description="one past its last character")
+    tokens: int = Field(description="its pieces (special tokens and the prompt not counted)")
+    embedding: list[float]
+    text: str | None = None
+
+
+@dataclass
+class ChunkPlan:
+    """What /embed/chunks' finish needs: each input's chunks, which rows are whose, and for late
+    chunking where each chunk's pieces sit in which row."""
+
+    docs: list[Document]
+    groups: Groups  # input i's rows
+    # late: for input i, chunk j: (row index, first position, last position) of its states
+    late: list[list[tuple[int, int, int]]] | None = None
+
+
+class EmbedChunks(Task):
+    path = "/embed/chunks"
+    capability = "embed"
+    reads = ("embeddings",)
+    request = EmbedChunksRequest
+    response = list[list[ChunkEmbedding]]
+    summary = "Long documents cut into chunks, each with its character offsets and its vector"
+    example: ClassVar[dict[str, Any]] = {
+        "inputs": "Paris is the capital of France. It is known for the Eiffel Tower."
+    }
+
+    def check_cost(self, ctx: TaskContext, items: list[Any], request: Any, limits: Any) -> int:
+        check_dimensions(ctx, request.dimensions)
+        if request.late:
+            check_late(ctx)
+        return super().check_cost(ctx, items, request, limits)
+
+    def prepare(
+        self, ctx: TaskContext, items: list[str], request: EmbedChunksRequest
+    ) -> tuple[list[Row], ChunkPlan]:
+        prompt = prompted(ctx, request.prompt_name, "")
+        prefix = prompt_pieces(ctx, prompt)
+        size, overlap = request.chunk_tokens, request.overlap_tokens
+        window = room(ctx, len(prefix))
+        check_chunk_tokens(ctx, size, len(prefix))
+        if not request.late:
+            docs = documents(ctx, items, size, overlap)
+            rows: list[Row] = []
+            spans = []
+            for doc in docs:
+                checkpoint()
+                start = len(rows)
+                rows.extend(
+                    row(ctx.encode(prompt + doc.text[c.start : c.end], truncate=True))
+                    for c in doc.chunks
+                )
+                spans.append(range(start, len(rows)))
+            weights = [[c.tokens for c in d.chunks] for d in docs]
+            return rows, ChunkPlan(docs, Groups(spans, weights))
+        docs = documents(ctx, items, size, overlap, late_room=window)
+        rows, spans, late = [], [], []
+        for doc in docs:
+            checkpoint()
+            start = len(rows)
+            late.append(late_rows(ctx, doc.encoding.ids, doc.chunks, prefix, size, rows))
+            spans.append(range(start, len(rows)))
+        weights = [[c.tokens for c in d.chunks] for d in docs]
+        return rows, ChunkPlan(docs, Groups(spans, weights), late)
+
+    def finish(
+        self,
+        ctx: TaskContext,
+        prepared: ChunkPlan,
+        results: list[RowResult],
+        request: EmbedChunksRequest,
+    ) -> list[Any]:
+        out = []
+        for i, doc in enumerate(prepared.docs):
+            checkpoint()
+            if prepared.late is None:
+                span = prepared.groups.spans[i]
+                vectors = embeddings(
+                    [results[r] for r in span], request.normalize, request.dimensions
+                )
+            else:
+                vectors = late_vectors(
+                    results, prepared.late[i], request.normalize, request.dimensions
+                )
+            out.append(
+                [
+                    {"start": c.start, "end": c.end, "tokens": c.tokens, "embedding": v}
+                    | ({"text": doc.text[c.start : c.end]} if request.return_text else {})
+                    for c, v in zip(doc.chunks, vectors, strict=True)
+                ]
+            )
+        return out
+
+    def respond(
+        self, answers: list[Any], single: bool, request: Any, rows: list[Row], model: str
+    ) -> Any:
+        return answers  # a list an input, also for one input (as /embed answers)
+
+
 EMBED = Embed()
+EMBED_CHUNKS = EmbedChunks()
 OPENAI_EMBEDDINGS = OpenAIEmbeddings()
 SIMILARITY = Similarity()

@@ -25,6 +25,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from bertserve.runtime.batching import Row, RowResult
 from bertserve.runtime.errors import InvalidInput
 from bertserve.runtime.schemas import WHOLE, Request, Text
+from bertserve.runtime.tasks.chunks import (
+    BEST_OVERLAP_TOKENS,
+    Groups,
+    LongInput,
+    chunk_rows,
+    long_mode,
+)
 from bertserve.runtime.tasks.common import (
     Direction,
     Task,
@@ -34,7 +41,7 @@ from bertserve.runtime.tasks.common import (
     tokenize,
     usage,
 )
-from bertserve.runtime.tasks.embed import Truncate
+from bertserve.runtime.tasks.embed import LongInputField, Truncate
 
 Documents = Annotated[list[Text], Field(min_length=1)]
 
@@ -48,6 +55,7 @@ class RerankRequest(Request):
     raw_scores: bool = Field(False, description="the model's logit instead of its sigmoid")
     return_text: bool = False
     truncate: Truncate = None
+    long_input: LongInputField = None
     truncation_direction: Direction = Field(
         "Right", description="which end of an over-long query or document is cut"
     )
@@ -90,7 +98,15 @@ class CohereRerankRequest(Request):
     )
     max_chunks_per_doc: Annotated[int, Field(ge=1), WHOLE] | None = Field(
         None,
-        description="accepted and ignored: a document is one pair, cut to the model's length",
+        description="a document longer than the model's window is scored by its best chunk, "
+        "of its first max_chunks_per_doc (Cohere v1); left out: as long_input says",
+    )
+    long_input: LongInput | None = Field(
+        None,
+        description="(extension) a document longer than the window: truncate, or chunk (scored "
+        "by its best chunk); left out: chunk if max_chunks_per_doc is set, else the service's "
+        "BERTSERVE_LONG_INPUT, its error read as truncate (Cohere's API never refuses a long "
+        "document)",
     )
     priority: int | None = Field(None, description="accepted and ignored (Cohere v2)")
 
@@ -117,18 +133,50 @@ def pair_rows(
     ctx: TaskContext,
     query: str,
     documents: list[str],
-    truncate: bool,
+    mode: LongInput,
     direction: Direction = "Right",
-) -> list[Row]:
+    most_chunks: int | None = None,
+) -> tuple[list[Row], Groups]:
+    """A row a (query, document) pair; with `mode` "chunk" a row a chunk of an over-long
+    document (chunks of what the query leaves of the window, overlapping by
+    BEST_OVERLAP_TOKENS; its first `most_chunks`), and which rows are whose. A query of more
+    than half the window is cut to half of it there."""
     query = ctx.check_text(query, "query")
-    return [
-        row(
-            ctx.encode(
-                query, ctx.check_text(d, f"document {i}"), truncate=truncate, direction=direction
+    if mode != "chunk":
+        truncate = mode == "truncate"
+        rows = [
+            row(
+                ctx.encode(
+                    query,
+                    ctx.check_text(d, f"document {i}"),
+                    truncate=truncate,
+                    direction=direction,
+                )
             )
-        )
-        for i, d in enumerate(documents)
-    ]
+            for i, d in enumerate(documents)
+        ]
+        return rows, Groups.one_each(len(rows))
+    budget = ctx.max_len - ctx.tokenizer.num_special_tokens_to_add(True)
+    pieces = len(tokenize(ctx.tokenizer, query, add_special_tokens=False))
+    if pieces > budget // 2:
+        query, pieces = first_tokens(ctx, query, budget // 2), budget // 2
+    size = budget - pieces
+    overlap = min(BEST_OVERLAP_TOKENS, size // 4)
+    return chunk_rows(
+        ctx,
+        documents,
+        size,
+        overlap,
+        lambda d: ctx.encode(query, d, truncate=True),
+        "document",
+        most_chunks,
+    )
+
+
+def best_chunks(results: list[RowResult], groups: Groups) -> np.ndarray:
+    """Each document's logit: its best chunk's."""
+    raw = logits(results)
+    return np.asarray([raw[span.start : span.stop].max() for span in groups.spans])
 
 
 def first_tokens(ctx: TaskContext, text: str, most: int) -> str:
@@ -196,15 +244,14 @@ class Rerank(Task):
 
     def prepare(
         self, ctx: TaskContext, items: list[str], request: RerankRequest
-    ) -> tuple[list[Row], None]:
-        cut = ctx.truncating(request.truncate)
-        rows = pair_rows(ctx, request.query, items, cut, request.truncation_direction)
-        return rows, None
+    ) -> tuple[list[Row], Groups]:
+        mode = long_mode(ctx, request.long_input, request.truncate)
+        return pair_rows(ctx, request.query, items, mode, request.truncation_direction)
 
     def finish(
-        self, ctx: TaskContext, prepared: None, results: list[RowResult], request: RerankRequest
+        self, ctx: TaskContext, prepared: Groups, results: list[RowResult], request: RerankRequest
     ) -> list[Any]:
-        raw = logits(results)
+        raw = best_chunks(results, prepared)
         scores = raw if request.raw_scores else sigmoid(raw)
         return [
             {"index": i, "score": float(scores[i])}
@@ -244,23 +291,31 @@ class CohereRerank(Task):
 
     def prepare(
         self, ctx: TaskContext, items: list[str], request: CohereRerankRequest
-    ) -> tuple[list[Row], None]:
+    ) -> tuple[list[Row], Groups]:
         most = request.max_tokens_per_doc
         if most is not None:  # cut after its length is checked, before its pairing
             items = [
                 first_tokens(ctx, ctx.check_text(t, f"document {i}"), most)
                 for i, t in enumerate(items)
             ]
-        return pair_rows(ctx, request.query, items, truncate=True), None
+        mode: LongInput = request.long_input or (
+            "chunk" if request.max_chunks_per_doc is not None else ctx.long_input
+        )
+        if mode == "error":  # Cohere's API cuts what it does not chunk
+            mode = "truncate"
+        rows, groups = pair_rows(
+            ctx, request.query, items, mode, most_chunks=request.max_chunks_per_doc
+        )
+        return rows, groups
 
     def finish(
         self,
         ctx: TaskContext,
-        prepared: None,
+        prepared: Groups,
         results: list[RowResult],
         request: CohereRerankRequest,
     ) -> list[Any]:
-        scores = sigmoid(logits(results))
+        scores = sigmoid(best_chunks(results, prepared))
         order = best_first(scores)[: request.top_n]
         return [
             {"index": i, "relevance_score": float(scores[i])}
