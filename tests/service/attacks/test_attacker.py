@@ -57,7 +57,8 @@ def test_qa_windows_are_counted_before_they_are_made(server):
     """Before: a 20 kB body with doc_stride 383 made 5,169 windows (0.9 s, +350 MB). Now the
     overlap is at most half a window, and a context that would pass the row cap is refused
     from its word count, before tokenising."""
-    context = "the king of france was born in paris . " * 500  # 20 kB, ~4,500 tokens
+    # 320 kB, ~72,000 tokens: past the row cap (256 rows) even at windows of 384 advancing 192
+    context = "the king of france was born in paris . " * 8000
     body = {
         "inputs": {"question": "where was the king born ?", "context": context},
         "parameters": {"doc_stride": 383, "max_seq_len": 384},
