@@ -51,6 +51,9 @@ MODES: dict[str, Mode] = {
     "graph-ab": Mode("bench.experiments.graph_ab", "two bundles' graphs, batch by batch"),
     "idle-gap": Mode("bench.experiments.idle_gap", "a batch-1 call back to back vs after idle"),
     "lone": Mode("bench.experiments.lone", "a lone request against the plain server"),
+    "long-inputs": Mode(
+        "bench.experiments.long_inputs", "long documents: chunks, late chunking, best-chunk rerank"
+    ),
     "overload-stages": Mode(
         "bench.experiments.overload_stages", "where a request's time goes at 5x overload"
     ),

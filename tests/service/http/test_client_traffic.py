@@ -212,7 +212,8 @@ def test_huggingface_hub_reads_top_k_labels(classify_server, monkeypatch):
 
 def test_jina_fields_on_the_openai_route(server):
     """langchain's JinaEmbeddings posts Jina's fields to /v1/embeddings: `normalized` and
-    `embedding_type` are honoured, `task` and `late_chunking` accepted and ignored."""
+    `embedding_type` are honoured, `task` accepted and ignored (`late_chunking` is tested in
+    tests/service/test_long_inputs.py)."""
     texts = ["a river runs past the mill", "the sea is grey"]
     body = {
         "input": texts,
