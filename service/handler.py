@@ -87,9 +87,26 @@ async def _handle(
     client: bytes,
     slot: Slot | None,
 ) -> Any:
-    settings = state.settings
     request = body if isinstance(body, task.request) else task.request.model_validate(body)
     model = pick_model(state, task, request, model_name)
+    model.users += 1  # a model replaced or unloaded meanwhile is retired once this is answered
+    try:
+        return await _serve(state, task, request, model, stats, disconnected, client, slot)
+    finally:
+        model.users -= 1
+
+
+async def _serve(
+    state: ServiceState,
+    task: Task,
+    request: Any,
+    model: Model,
+    stats: dict[str, Any],
+    disconnected: Gone | None,
+    client: bytes,
+    slot: Slot | None,
+) -> Any:
+    settings = state.settings
     items, single = task.inputs(request)
     if single and any(name in client for name in task.nests_single_for):
         single = False  # answered as a list of one input's answer

@@ -190,6 +190,34 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.model_loaded = Gauge(
+            "bertserve_model_loaded",
+            "1 while the model is loaded and serving (the loaded set: service.control)",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.model_memory = Gauge(
+            "bertserve_model_memory_bytes",
+            "what loading the model added to the resident memory of the serving processes "
+            "(summed over them; models loaded at start: 0, not measured)",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.model_events = Counter(
+            "bertserve_model_events",
+            "Model management in each serving process: loaded, replaced, unloaded, failed",
+            ["model", "event"],
+            registry=r,
+        )
+        self.model_load_seconds = Histogram(
+            "bertserve_model_load_seconds",
+            "Loading a model while serving, warm-up included, in each serving process",
+            ["model"],
+            buckets=(0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+            registry=r,
+        )
         self.ready = Gauge(
             "bertserve_ready",
             "1 when every model of every serving process is loaded and warm",

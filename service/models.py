@@ -1,10 +1,13 @@
-"""The model table: every bundle under the bundle directory loaded into a `Model` (its spec,
-task context, engine or engine-process handle, and batcher), checked against the task registry,
-with the default model of each task."""
+"""The model table: bundles of the repository (the bundle directory) loaded into `Model`s (its
+spec, task context, engine or engine-process handle, and batcher), checked against the task
+registry, with the default model of each task. At start every bundle is loaded (static model
+control) or the named ones (explicit); service.control loads and unloads one at a time."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,13 +44,83 @@ def check_serves(directory: Path, spec: BundleSpec) -> None:
             raise BundleError(f"{directory / BUNDLE_FILE}: {task} needs the outputs {missing}")
 
 
-@dataclass
+@dataclass(eq=False)
 class Model:
     name: str
     spec: BundleSpec
     ctx: TaskContext
     engine: Engine | RemoteBackend
     batcher: Batcher
+    version: str = ""  # the sha256 of its bundle.json, which holds its model file's sha256
+    users: int = 0  # requests picked for it and not yet answered (service.handler)
+
+
+# A bundle's name as a repository directory and a URL segment: no path, no dot files.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def repository(root: Path) -> dict[str, Path]:
+    """The bundles of the repository by name: each subdirectory holding a bundle.json."""
+    return {d.name: d for d in bundle_dirs(root)}
+
+
+def bundle_version(directory: Path) -> str:
+    """A bundle's version: the sha256 of its bundle.json (which holds its model file's)."""
+    return hashlib.sha256((directory / BUNDLE_FILE).read_bytes()).hexdigest()
+
+
+def load_model(
+    settings: Settings,
+    metrics: Metrics,
+    directory: Path,
+    activity: Activity,
+    engine_address: str = "",
+) -> Model:
+    """One bundle, checked and loaded: its ONNX Runtime sessions (or its handle on the engine
+    process), tokenizer and batcher (not started). A bad bundle is a BundleError naming it."""
+    version = bundle_version(directory)
+    spec = load_bundle_spec(directory)
+    check_model_file(directory, spec)
+    check_serves(directory, spec)
+    engine: Engine | RemoteBackend
+    if engine_address:  # the engine process runs it (service.process.engine_server)
+        engine = RemoteBackend(engine_address, spec)
+    else:
+        engine = Engine(directory, spec, settings.engine_options())
+    max_rows = min(settings.max_request_rows, settings.max_queue_rows)
+    ctx = TaskContext.load(
+        directory,
+        spec,
+        settings.max_text_chars,
+        max_rows,
+        settings.auto_truncate or settings.long_input == "truncate",
+        settings.long_input,
+    )
+    batcher = Batcher(
+        spec.name,
+        engine,
+        settings,
+        metrics,
+        spec.output_axes,
+        spec.tokenizer.pad_id,
+        1 if "mask_positions" in spec.inputs else None,  # until probe_slots says 0
+        activity,
+    )
+    metrics.model_info.labels(
+        spec.name,
+        ",".join(spec.tasks),
+        spec.precision,
+        engine.provider,
+        str(spec.max_seq_len),
+    ).set(1)
+    log.info(
+        "loaded %s (%s, %s) on %s",
+        spec.name,
+        ",".join(spec.tasks),
+        spec.precision,
+        engine.provider,
+    )
+    return Model(spec.name, spec, ctx, engine, batcher, version)
 
 
 def load_models(
@@ -55,72 +128,43 @@ def load_models(
     metrics: Metrics,
     activity: Activity | None = None,
     engine_address: str = "",
+    names: tuple[str, ...] | None = None,
 ) -> dict[str, Model]:
-    """Every bundle under settings.bundles, by name; a bad one is a BundleError naming it.
-    `activity`: the requests in flight on the cores this process shares (one for all its
-    batchers)."""
+    """The bundles under settings.bundles, by name: every one, or `names` (in that order); a
+    bad one is a BundleError naming it. `activity`: the requests in flight on the cores this
+    process shares (one for all its batchers)."""
     activity = activity or Activity()
     models: dict[str, Model] = {}
     root = settings.bundles
-    dirs = bundle_dirs(root)
-    if not dirs:
+    found = repository(root)
+    if names is None and not found:
         raise BundleError(f"{root}: no bundles (no */{BUNDLE_FILE})")
-    for directory in dirs:
-        spec = load_bundle_spec(directory)
-        check_model_file(directory, spec)
-        check_serves(directory, spec)
-        if spec.name in models:
+    missing = [n for n in names or () if n not in found]
+    if missing:
+        raise BundleError(
+            f"{root}: load_at_start names {missing}, which the repository does not hold; it "
+            f"holds {sorted(found)}"
+        )
+    for name in found if names is None else names:
+        directory = found[name]
+        model = load_model(settings, metrics, directory, activity, engine_address)
+        if model.name in models:
             raise BundleError(
-                f"{directory / BUNDLE_FILE}: name {spec.name!r} is taken by another bundle"
+                f"{directory / BUNDLE_FILE}: name {model.name!r} is taken by another bundle"
             )
-        engine: Engine | RemoteBackend
-        if engine_address:  # the engine process runs it (service.process.engine_server)
-            engine = RemoteBackend(engine_address, spec)
-        else:
-            engine = Engine(directory, spec, settings.engine_options())
-        max_rows = min(settings.max_request_rows, settings.max_queue_rows)
-        ctx = TaskContext.load(
-            directory,
-            spec,
-            settings.max_text_chars,
-            max_rows,
-            settings.auto_truncate or settings.long_input == "truncate",
-            settings.long_input,
-        )
-        batcher = Batcher(
-            spec.name,
-            engine,
-            settings,
-            metrics,
-            spec.output_axes,
-            spec.tokenizer.pad_id,
-            1 if "mask_positions" in spec.inputs else None,  # until probe_slots says 0
-            activity,
-        )
-        models[spec.name] = Model(spec.name, spec, ctx, engine, batcher)
-        metrics.model_info.labels(
-            spec.name,
-            ",".join(spec.tasks),
-            spec.precision,
-            engine.provider,
-            str(spec.max_seq_len),
-        ).set(1)
-        log.info(
-            "loaded %s (%s, %s) on %s",
-            spec.name,
-            ",".join(spec.tasks),
-            spec.precision,
-            engine.provider,
-        )
-    for task, names in serving(models).items():
-        marked = [n for n in names if models[n].spec.default]
-        if len(marked) > 1:
-            raise BundleError(f"{root}: bundles {marked} all say default for {task}; keep one")
+        models[model.name] = model
+    if settings.model_control == "static":
+        for task, serving_names in serving(models).items():
+            marked = [n for n in serving_names if models[n].spec.default]
+            if len(marked) > 1:
+                raise BundleError(f"{root}: bundles {marked} all say default for {task}; keep one")
     return models
 
 
 def serving(models: dict[str, Model]) -> dict[str, list[str]]:
-    """Task -> the names of the models serving it, the default first."""
+    """Task -> the names of the models serving it, the default first: of those whose bundle
+    says `default`, the one loaded first; else the one loaded first (a replaced model keeps its
+    place)."""
     out: dict[str, list[str]] = {}
     for model in sorted(models.values(), key=lambda m: not m.spec.default):
         for task in model.spec.tasks:

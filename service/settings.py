@@ -47,6 +47,9 @@ def available_cores(cgroup: Path = CGROUP) -> int:
 GROUPS: dict[str, tuple[str, ...]] = {
     "models and engine": (
         "bundles",
+        "model_control",
+        "load_at_start",
+        "model_load_timeout_s",
         "warmup",
         "providers",
         "require_gpu",
@@ -104,6 +107,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_anonymous_connections",
         "api_key",
         "api_keys",
+        "admin_keys",
         "metrics_token",
         "metrics_cache_s",
         "log_level",
@@ -123,7 +127,28 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BERTSERVE_", extra="forbid", frozen=True)
     # --- models and engine ---
 
-    bundles: Path = Field(Path("bundles"), description="directory of bundles to serve")
+    bundles: Path = Field(
+        Path("bundles"),
+        description="directory of bundles to serve, one a subdirectory named as its bundle: "
+        "the model repository",
+    )
+    model_control: Literal["static", "explicit"] = Field(
+        "static",
+        description="static: every bundle of the repository is loaded at start, and the set "
+        "stays; explicit: only load_at_start's, and the management API (admin_keys) loads, "
+        "replaces and unloads models while the service runs (docs/api.md#model-management)",
+    )
+    load_at_start: str = Field(
+        "",
+        description="with explicit model control: the comma-separated bundle names loaded at "
+        "start ('*': every one); the rest are loaded by POST /models/{name}/load",
+    )
+    model_load_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="a management call answers 504 if the change is not complete in every "
+        "worker by then (it goes on; GET /models shows its state)",
+    )
     warmup: bool = Field(
         True,
         description="run representative shapes through every model before readiness, so the "
@@ -395,6 +420,12 @@ class Settings(BaseSettings):
         "accepted: rotate by adding "
         "the new key, moving clients, then removing the old; health and /metrics stay open",
     )
+    admin_keys: SecretStr | None = Field(
+        None,
+        description="comma-separated bearer tokens of 16 or more characters for the management "
+        "API (POST /models/{name}/load and /unload), apart from api_keys, which it refuses "
+        "(403); unset: the management API is off",
+    )
     metrics_token: SecretStr | None = Field(
         None,
         description="a bearer token /metrics then asks for (Prometheus' authorization "
@@ -473,7 +504,7 @@ class Settings(BaseSettings):
     def _consistent(self) -> Settings:
         if self.max_batch_tokens < self.max_batch_rows:
             raise ValueError("max_batch_tokens must be at least max_batch_rows")
-        tokens = [*self.keys()]
+        tokens = [*self.keys(), *self.admin_key_set()]
         if self.metrics_token is not None:
             tokens.append(self.metrics_token.get_secret_value().encode())
         short = [k for k in tokens if len(k) < MIN_KEY_LENGTH]
@@ -482,7 +513,28 @@ class Settings(BaseSettings):
                 f"an API key has {len(short[0])} characters; use at least {MIN_KEY_LENGTH} "
                 "(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
             )
+        if self.load_at_start and self.model_control != "explicit":
+            raise ValueError("load_at_start needs model_control=explicit")
+        if self.model_control == "explicit" and self.engine_process:
+            raise ValueError(
+                "model_control=explicit does not run with engine_process yet: the engine "
+                "process loads its models once, at start"
+            )
         return self
+
+    def admin_key_set(self) -> tuple[bytes, ...]:
+        """The management API's keys (BERTSERVE_ADMIN_KEYS); empty: the API is off."""
+        if self.admin_keys is None:
+            return ()
+        return tuple(
+            k.strip().encode() for k in self.admin_keys.get_secret_value().split(",") if k.strip()
+        )
+
+    def start_models(self) -> tuple[str, ...] | None:
+        """The bundle names loaded at start; None: every one (static control, or '*')."""
+        if self.model_control == "static" or self.load_at_start.strip() == "*":
+            return None
+        return tuple(n.strip() for n in self.load_at_start.split(",") if n.strip())
 
     def keys(self) -> tuple[bytes, ...]:
         """Every accepted API key (BERTSERVE_API_KEY and BERTSERVE_API_KEYS together)."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from bertserve.runtime.batching import Activity
 from bertserve.runtime.engine import Engine
 from bertserve.service.admission import Admission
+from bertserve.service.control import ModelControl
 from bertserve.service.http.auth import PUBLIC_PATHS
 from bertserve.service.http.errors import NotFound, NotReady, RequestError
 from bertserve.service.metrics import Metrics
@@ -142,6 +143,7 @@ class ServiceState:
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.settings)
+        self.control = ModelControl(self)  # what is loaded, changed while serving (explicit)
 
     def admit(
         self, method: str, path: str, connections: int = 0, size: int = -1
@@ -191,8 +193,12 @@ class ServiceState:
         return serving(self.models)
 
     def load(self) -> None:
-        """Load every bundle under settings.bundles (service.models)."""
-        self.models = load_models(self.settings, self.metrics, self.activity, self.engine_address)
+        """Load the start-up bundles (service.models): every one under settings.bundles, or
+        with explicit model control those named (service.control)."""
+        names = self.control.start_names()
+        self.models = load_models(
+            self.settings, self.metrics, self.activity, self.engine_address, names
+        )
         self.defaults = defaults(self.models)
 
     def warm_up(self) -> None:
@@ -220,7 +226,7 @@ class ServiceState:
         return (
             self.warmed
             and not self.draining
-            and bool(self.models)
+            and (bool(self.models) or self.settings.model_control == "explicit")
             and self.dead is None
             and all(m.batcher.alive for m in self.models.values())
         )
@@ -240,6 +246,13 @@ class ServiceState:
             if model is None or task not in model.spec.tasks:
                 serving = [m.name for m in self.models.values() if task in m.spec.tasks]
                 if model is None:
+                    held = (self.settings.bundles / name / "bundle.json").is_file()
+                    if held and self.settings.model_control == "explicit":
+                        raise NotFound(
+                            f"model {name!r} is not loaded (the repository holds it: POST "
+                            f"/models/{name}/load with an admin key); models for {task}: "
+                            f"{serving}"
+                        )
                     raise NotFound(f"no model {name!r}; models for {task}: {serving}")
                 raise NotFound(
                     f"model {name!r} ({model.spec.architecture.model_type}) has no {task} head: "
@@ -259,6 +272,7 @@ class ServiceState:
         await asyncio.to_thread(self.load)
         for model in self.models.values():
             model.batcher.start()
+        self.control.started()
         self._warming = asyncio.create_task(self._warm())
         if self.warm_first:
             await asyncio.shield(self._warming)
@@ -291,5 +305,6 @@ class ServiceState:
         self.metrics.ready.set(0)
         if self._warming is not None:
             self._warming.cancel()
+        await self.control.stop()
         for model in self.models.values():
             await model.batcher.stop()

@@ -19,7 +19,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bertserve.runtime.tasks import TASKS
 from bertserve.service.http.asgi import ADMITTED, SAFE_ID, replaying
-from bertserve.service.http.auth import PUBLIC_PATHS, authorizations, check_key
+from bertserve.service.http.auth import (
+    MANAGEMENT,
+    PUBLIC_PATHS,
+    authorizations,
+    check_admin,
+    check_key,
+)
 from bertserve.service.http.contract import bind
 from bertserve.service.http.docs import mount_docs
 from bertserve.service.http.errors import (
@@ -123,6 +129,7 @@ class RequestContext:
     def __init__(self, app: ASGIApp, state: ServiceState) -> None:
         self.app, self.state = app, state
         self.keys = state.settings.keys()
+        self.admin_keys = state.settings.admin_key_set()
         token = state.settings.metrics_token
         self.metrics_keys = (token.get_secret_value().encode(),) if token is not None else ()
 
@@ -157,7 +164,12 @@ class RequestContext:
         path = scope["path"]
         slot = scope.get("extensions", {}).get(ADMITTED)
         keys = self.metrics_keys if path == "/metrics" else self.keys
-        if keys and (path not in PUBLIC_PATHS or path == "/metrics"):
+        if scope["method"] == "POST" and MANAGEMENT.fullmatch(path):
+            try:
+                check_admin(self.admin_keys, self.keys, authorizations(scope["headers"]))
+            except RequestError as exc:
+                app = service_error_response(exc, metrics, path)
+        elif keys and (path not in PUBLIC_PATHS or path == "/metrics"):
             try:
                 check_key(keys, authorizations(scope["headers"]))
             except Unauthorized as exc:
@@ -168,7 +180,7 @@ class RequestContext:
             if slot is not None:
                 slot.release()
             elapsed = time.perf_counter() - started
-            endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
+            endpoint = scope["path"] if scope["path"] in ENDPOINTS else other_endpoint(path)
             metrics.request_done(endpoint, status, elapsed if scope["method"] == "POST" else None)
             extra = scope["state"]
             fields = {
@@ -188,12 +200,20 @@ class RequestContext:
             log.info("%s %s %d", scope["method"], endpoint, status, extra={"fields": fields})
 
 
+def other_endpoint(path: str) -> str:
+    """The endpoint label of a path outside ENDPOINTS: the management API's by its route."""
+    found = MANAGEMENT.fullmatch(path)
+    return f"/models/{{name}}/{found.group(1)}" if found else "other"
+
+
 def count_refusal(state: ServiceState, path: str, error: RequestError) -> None:
     """A request the protocol refused (service.http.protocol): counted as the middleware counts
     its answers; not logged line by line (at 5x overload that is tens of thousands a second)."""
     answer = answer_of(error)
     state.metrics.errors.labels(answer.error_type).inc()
-    state.metrics.request_done(path if path in ENDPOINTS else "other", answer.status, None)
+    state.metrics.request_done(
+        path if path in ENDPOINTS else other_endpoint(path), answer.status, None
+    )
 
 
 class ServiceApp(FastAPI):
@@ -247,6 +267,7 @@ def create_app(settings: Settings) -> ServiceApp:
     # "/classify/" is a 404, not a redirect whose Location is built from the Host header.
     app.router.redirect_slashes = False
     app.state.service = state
+    state.control.changed.append(lambda: setattr(app, "openapi_schema", None))
     app.include_router(api)
     app.include_router(root_route(settings))
     app.include_router(ops)

@@ -1,15 +1,19 @@
 """API keys: one check, made by the outermost middleware before a body is read, for every path
 but the probes and /metrics (docs/security.md says why those stay open; BERTSERVE_METRICS_TOKEN
-puts /metrics behind a token of its own). The HTTP protocol uses `authorized` too, to tell
+puts /metrics behind a token of its own) and the management API (admin keys: `check_admin`).
+The HTTP protocol uses `authorized` too, to tell
 keyed connections from anonymous ones (service.http.protocol)."""
 
 from __future__ import annotations
 
 import hmac
+import re
 
-from bertserve.service.http.errors import Unauthorized
+from bertserve.service.http.errors import Forbidden, Unauthorized
 
 PUBLIC_PATHS = frozenset({"/health/live", "/health/ready", "/metrics"})
+# The management API (service.control): admin keys only.
+MANAGEMENT = re.compile(r"/models/[^/]+/(load|unload)")
 MIN_KEY_LENGTH = 16
 
 
@@ -39,3 +43,22 @@ def check_key(keys: tuple[bytes, ...], given: list[bytes]) -> None:
             f"send an API key as 'Authorization: Bearer <key>'{many}",
             headers={"WWW-Authenticate": "Bearer"},
         )
+
+
+def check_admin(
+    admin_keys: tuple[bytes, ...], api_keys: tuple[bytes, ...], given: list[bytes]
+) -> None:
+    """The management API's check: an admin key passes; an API key is a 403, as is any call
+    while no admin key is set (the API is off); anything else a 401."""
+    if not admin_keys:
+        raise Forbidden(
+            "the model management API is off: start the service with BERTSERVE_ADMIN_KEYS"
+        )
+    if authorized(admin_keys, given):
+        return
+    if api_keys and authorized(api_keys, given):
+        raise Forbidden("an API key cannot manage models; send an admin key (BERTSERVE_ADMIN_KEYS)")
+    raise Unauthorized(
+        "send an admin key as 'Authorization: Bearer <key>' (BERTSERVE_ADMIN_KEYS)",
+        headers={"WWW-Authenticate": "Bearer"},
+    )

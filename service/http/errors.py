@@ -29,10 +29,13 @@ if TYPE_CHECKING:
 __all__ = [
     "BackendError",
     "ClientGone",
+    "Conflict",
     "DeadlineExceeded",
+    "Forbidden",
     "HeadersTooLarge",
     "HttpError",
     "InvalidInput",
+    "LoadFailed",
     "MethodNotAllowed",
     "NotFound",
     "NotReady",
@@ -81,8 +84,26 @@ class Unauthorized(HttpError):
     status, error_type = 401, "unauthorized"
 
 
+class Forbidden(HttpError):
+    """A valid key that may not do this (an API key on the management API)."""
+
+    status, error_type = 403, "forbidden"
+
+
 class NotFound(HttpError):
     status, error_type = 404, "not_found"
+
+
+class LoadFailed(HttpError):
+    """A bundle that could not be loaded or warmed (the management API): its reason."""
+
+    status, error_type = 422, "load_failed"
+
+
+class Conflict(HttpError):
+    """The request cannot be carried out in the service's state (static model control)."""
+
+    status, error_type = 409, "conflict"
 
 
 class MethodNotAllowed(HttpError):

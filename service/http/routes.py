@@ -347,10 +347,16 @@ async def metrics(request: Request) -> Response:
 
 @ops.get("/models")
 async def models(request: Request) -> list[dict[str, Any]]:
+    """The loaded models, each with its state and version; with explicit model control also
+    those loading, unloading or failed (service.control)."""
     state = state_of(request)
-    return [
+    statuses = state.control.statuses
+    loaded = [
         {
             "name": m.name,
+            "state": statuses[m.name].state if m.name in statuses else "ready",
+            "version": m.version,
+            "reason": statuses[m.name].reason if m.name in statuses else None,
             "tasks": m.spec.tasks,
             "default_for": [t for t, d in state.defaults.items() if d is m],
             "labels": m.spec.labels,
@@ -368,3 +374,45 @@ async def models(request: Request) -> list[dict[str, Any]]:
         }
         for m in state.models.values()
     ]
+    others = [
+        {"name": name, "state": status.state, "version": status.version, "reason": status.reason}
+        for name, status in statuses.items()
+        if name not in state.models
+    ]
+    return loaded + others
+
+
+MANAGEMENT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": schemas.ErrorBody, "description": text}
+    for code, text in (
+        (401, "no admin key, or a wrong one"),
+        (403, "an API key, not an admin key; or no admin keys set (the API is off)"),
+        (404, "the repository holds no such bundle, or (unload) it is not loaded"),
+        (409, "model control is static"),
+        (422, "the bundle could not be loaded or warmed: the reason"),
+        (500, "another worker could not follow: the reason"),
+        (504, "not every worker finished within model_load_timeout_s"),
+    )
+}
+
+
+@ops.post(
+    "/models/{name}/load",
+    summary="Load a bundle of the repository, or replace the loaded one of that name",
+    responses=MANAGEMENT_RESPONSES,
+)
+async def load_model(request: Request, name: str) -> dict[str, Any]:
+    """Loads the bundle `name` in every worker, warms it, then serves it; a loaded model of
+    that name keeps answering until its replacement is warm, then drains and is freed. Answers
+    once every worker has made the change. An admin key only (BERTSERVE_ADMIN_KEYS)."""
+    return await state_of(request).control.load(name)
+
+
+@ops.post(
+    "/models/{name}/unload",
+    summary="Stop serving a model: it answers what it admitted, then is freed",
+    responses=MANAGEMENT_RESPONSES,
+)
+async def unload_model(request: Request, name: str) -> dict[str, Any]:
+    """A request for it is then a 404 naming what is served. An admin key only."""
+    return await state_of(request).control.unload(name)

@@ -403,7 +403,9 @@ def uvicorn_config(app, settings: Settings) -> uvicorn.Config:
             state.metrics.open_connections.inc,
             settings.max_header_bytes,
             Connections(
-                settings.keys(), settings.max_anonymous_connections, settings.max_connections
+                settings.keys() + settings.admin_key_set(),
+                settings.max_anonymous_connections,
+                settings.max_connections,
             ),
         ),
         loop="auto",
@@ -446,6 +448,7 @@ def run_worker(
         state.peers_ready = shared.all_ready
         state.activity = Activity(shared.in_flight, slot)
         state.warm_first = warm_first
+        state.control.board = shared.board(slot)
     raise_open_files(settings.max_connections)
     config = uvicorn_config(app, settings)
     server = DrainingServer(config, state, settings.drain_timeout_s, slot, shared)

@@ -42,11 +42,14 @@ import threading
 import time
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bertserve.service.logs import configure_logging
 from bertserve.service.process.server import warn_if_exposed
 from bertserve.service.settings import Settings
+
+if TYPE_CHECKING:
+    from bertserve.service.control import Board
 
 log = logging.getLogger("bertserve.supervisor")
 SPAWN = multiprocessing.get_context("spawn")  # no fork: the parent holds no models or threads
@@ -110,6 +113,11 @@ class Shared:
     recycle: Any
     in_flight: Any
     served: Any  # the service has been ready once: each worker's readiness is its own
+    # Model management (service.control.Board): the wanted set's newest generation, the one
+    # each slot has reached, and the directory of the wanted set and the workers' reports.
+    generation: Any
+    reached: Any
+    control: str = ""
 
     @classmethod
     def create(cls, slots: int, engine: bool) -> Shared:
@@ -120,6 +128,20 @@ class Shared:
             SPAWN.Array("b", slots, lock=False),
             SPAWN.Array("i", slots, lock=False),
             SPAWN.Value("b", 0, lock=False),
+            SPAWN.Value("i", 0, lock=False),
+            SPAWN.Array("i", slots, lock=False),
+        )
+
+    def board(self, slot: int) -> Board:
+        """Worker `slot`'s view of the model management board."""
+        from bertserve.service.control import Board
+
+        return Board(
+            self.control,
+            slot,
+            self.generation,
+            self.reached,
+            lambda i: bool(self.counted[i] and self.ready[i]),
         )
 
     def all_ready(self) -> bool:
@@ -274,6 +296,7 @@ class Supervisor:
                 self.settings.threads,
             )
         engine_dir = tempfile.mkdtemp(prefix="bertserve-engine-")  # mode 0700: this user's
+        self.shared.control = tempfile.mkdtemp(prefix="bertserve-models-")  # service.control
         try:
             if self.settings.engine_process:
                 self.start_engine(engine_dir)
@@ -309,6 +332,7 @@ class Supervisor:
         finally:
             sock.close()
             shutil.rmtree(metrics_dir, ignore_errors=True)
+            shutil.rmtree(self.shared.control, ignore_errors=True)
             shutil.rmtree(engine_dir, ignore_errors=True)
 
     def stop_engine(self) -> None:

@@ -1,0 +1,376 @@
+"""Models managed while the service runs (`BERTSERVE_MODEL_CONTROL=explicit`): load, replace and
+unload a bundle of the repository (the bundle directory) without a restart or a lost request.
+
+In one process (`ModelControl`):
+- load: the bundle is loaded and warmed beside what serves, then swapped into the model table
+  in one step of the event loop; a model of the same name (a replacement) keeps answering
+  until then, and is retired after: it takes no new request, finishes those that picked it
+  (`Model.users`), stops its batcher and is freed (its sessions, then the heap back to the
+  system);
+- unload: the model leaves the table (a request for it is a 404 naming what is served), then
+  is retired the same way.
+
+Across the workers of one port (`Board`): the worker that takes a management call makes the
+change in itself first (a bundle that cannot load fails there, and nowhere else), then writes
+the wanted set with a new generation to a file in a directory the supervisor made, and waits
+until every serving worker reports that generation. Each worker watches the generation (shared
+memory) and brings its table to the wanted set; a worker started later (a replacement, a
+recycled worker's successor) loads the wanted set, not the start-up one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import gc
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bertserve.runtime.bundle import BUNDLE_FILE, BundleError, load_bundle_spec
+from bertserve.runtime.engine import Engine
+from bertserve.service.http.errors import Conflict, DeadlineExceeded, LoadFailed, NotFound
+from bertserve.service.models import (
+    NAME,
+    Model,
+    bundle_version,
+    defaults,
+    load_model,
+    repository,
+)
+from bertserve.service.process.memory import rss_mb
+from bertserve.service.warmup import warm_up
+
+if TYPE_CHECKING:
+    from bertserve.service.state import ServiceState
+
+log = logging.getLogger("bertserve.control")
+WATCH_EVERY_S = 0.05  # how often a worker looks for a new wanted set
+WANT, LOCK = "want.json", "lock"
+
+
+@dataclass
+class Status:
+    """A model's state in one worker, as GET /models shows it."""
+
+    state: str  # loading, ready, unloading, failed
+    version: str = ""  # sha256 of its bundle.json (service.models.bundle_version)
+    reason: str | None = None  # why it failed, one line
+    load_s: float | None = None  # its last load's time, warm-up included
+    memory_mb: float | None = None  # what that load added to this worker's resident memory
+
+
+@dataclass
+class Board:
+    """Where the workers of one port agree on the loaded set: `want.json` (name -> version, in
+    load order, and its generation) and one report a worker (`report-<slot>.json`: the
+    generation it has reached and its models' states) in `directory`, the generation in shared
+    memory. Without a directory (one process, no supervisor) there is nobody to tell."""
+
+    directory: str = ""
+    slot: int = 0
+    generation: Any = None  # multiprocessing Value: the newest wanted set's
+    reached: Any = None  # multiprocessing Array: the generation each slot has reached
+    serving: Callable[[int], bool] = lambda slot: False  # is that slot a ready, counted worker
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        with open(os.path.join(self.directory, LOCK), "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def wanted(self) -> tuple[int, dict[str, str]] | None:
+        """The wanted set and its generation; None before the first management call."""
+        if not self.directory:
+            return None
+        try:
+            data = json.loads(Path(self.directory, WANT).read_text())
+        except FileNotFoundError:
+            return None
+        return int(data["generation"]), dict(data["models"])
+
+    def publish(self, models: dict[str, str]) -> int:
+        """Write the wanted set (name -> version); its generation."""
+        if not self.directory:
+            return 0
+        with self.locked():
+            current = self.wanted()
+            generation = (current[0] if current else 0) + 1
+            path = Path(self.directory, WANT)
+            temporary = path.with_suffix(".tmp")
+            temporary.write_text(json.dumps({"generation": generation, "models": models}))
+            temporary.replace(path)
+            self.generation.value = generation
+        return generation
+
+    def report(self, generation: int, statuses: dict[str, Status]) -> None:
+        if not self.directory:
+            return
+        path = Path(self.directory, f"report-{self.slot}.json")
+        temporary = path.with_suffix(".tmp")
+        data = {"generation": generation, "models": {n: asdict(s) for n, s in statuses.items()}}
+        temporary.write_text(json.dumps(data))
+        temporary.replace(path)
+        self.reached[self.slot] = generation
+
+    def behind(self, generation: int) -> list[int]:
+        """The serving workers (but this one) that have not reached `generation`."""
+        if not self.directory:
+            return []
+        return [
+            slot
+            for slot in range(len(self.reached))
+            if slot != self.slot and self.serving(slot) and self.reached[slot] < generation
+        ]
+
+    def reports(self) -> dict[int, dict[str, Any]]:
+        """Every serving worker's report (this one's too), by slot."""
+        out = {}
+        for slot in range(len(self.reached) if self.directory else 0):
+            if slot == self.slot or self.serving(slot):
+                with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+                    text = Path(self.directory, f"report-{slot}.json").read_text()
+                    out[slot] = json.loads(text)
+        return out
+
+
+@dataclass
+class ModelControl:
+    """One worker's side of model management (see the module's docstring)."""
+
+    state: ServiceState
+    board: Board = field(default_factory=Board)
+    statuses: dict[str, Status] = field(default_factory=dict)
+    reached: int = 0  # the wanted set's generation this worker's table matches
+    changed: list[Callable[[], None]] = field(default_factory=list)  # run after each change
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _watching: asyncio.Task[None] | None = None
+
+    # --- start-up -------------------------------------------------------------------------------
+
+    def start_names(self) -> tuple[str, ...] | None:
+        """The bundles to load at start: the wanted set where a management call made one (a
+        worker started after it), else the settings' (None: every bundle)."""
+        wanted = self.board.wanted()
+        if wanted is not None:
+            self.reached = wanted[0]
+            return tuple(wanted[1])
+        return self.state.settings.start_models()
+
+    def started(self) -> None:
+        """The start-up set is loaded: record it, and watch for wanted sets (workers)."""
+        for model in self.state.models.values():
+            self.statuses[model.name] = Status("ready", model.version)
+            self.state.metrics.model_loaded.labels(model.name).set(1)
+        if self.board.directory:
+            self.board.report(self.reached, self.statuses)
+            self._watching = asyncio.create_task(self._watch(), name="model-control")
+
+    async def stop(self) -> None:
+        if self._watching is not None:
+            self._watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watching
+
+    # --- the management API ---------------------------------------------------------------------
+
+    def directory_of(self, name: str) -> Path:
+        """The repository's bundle `name`, or a 404 that lists what the repository holds."""
+        settings = self.state.settings
+        if settings.model_control != "explicit":
+            raise Conflict(
+                "model control is static: the models are the bundles loaded at start; start "
+                "with BERTSERVE_MODEL_CONTROL=explicit to load and unload them while serving"
+            )
+        directory = settings.bundles / name
+        if not NAME.fullmatch(name) or not (directory / BUNDLE_FILE).is_file():
+            held = sorted(repository(settings.bundles))
+            raise NotFound(
+                f"no bundle {name!r} in the repository {settings.bundles}; it holds {held}"
+            )
+        return directory
+
+    async def load(self, name: str) -> dict[str, Any]:
+        """POST /models/{name}/load: load it, or replace it with the repository's version, in
+        this worker, then in every other; its state once every worker has it."""
+        directory = self.directory_of(name)
+        async with self._lock:
+            loaded = self.state.models.get(name)
+            if loaded is None or loaded.version != bundle_version(directory):
+                await self._load_here(name, directory)
+            generation = self._publish()
+        return await self._agreed(name, generation)
+
+    async def unload(self, name: str) -> dict[str, Any]:
+        """POST /models/{name}/unload."""
+        self.directory_of(name)
+        async with self._lock:
+            if name not in self.state.models:
+                raise NotFound(f"model {name!r} is not loaded; loaded: {sorted(self.state.models)}")
+            await self._unload_here(name)
+            generation = self._publish()
+        return await self._agreed(name, generation)
+
+    def _publish(self) -> int:
+        generation = self.board.publish({n: m.version for n, m in self.state.models.items()})
+        self.reached = max(self.reached, generation)
+        self.board.report(self.reached, self.statuses)
+        return generation
+
+    async def _agreed(self, name: str, generation: int) -> dict[str, Any]:
+        """Wait until every serving worker has reached `generation`; the model's state, or the
+        reason another worker could not follow."""
+        deadline = time.monotonic() + self.state.settings.model_load_timeout_s
+        while behind := self.board.behind(generation):
+            if time.monotonic() > deadline:
+                raise DeadlineExceeded(
+                    f"workers {behind} have not finished loading the change to {name!r} in "
+                    f"{self.state.settings.model_load_timeout_s:g} s; it goes on (GET /models)"
+                )
+            await asyncio.sleep(WATCH_EVERY_S)
+        failed = [
+            f"worker {slot}: {report['models'][name]['reason']}"
+            for slot, report in self.board.reports().items()
+            if report["models"].get(name, {}).get("reason")
+        ]
+        if failed:  # this worker has it; another could not follow (its memory, its disk)
+            error = LoadFailed(f"model {name!r} failed to load in " + "; ".join(failed))
+            error.status = 500
+            raise error
+        return self.describe(name)
+
+    def describe(self, name: str) -> dict[str, Any]:
+        status = self.statuses.get(name)
+        workers = max(1, len(self.board.reports()))
+        if status is None:
+            return {"name": name, "state": "unloaded", "workers": workers}
+        return {"name": name, **asdict(status), "workers": workers}
+
+    # --- one worker -----------------------------------------------------------------------------
+
+    async def _load_here(self, name: str, directory: Path, version: str | None = None) -> None:
+        state, settings, metrics = self.state, self.state.settings, self.state.metrics
+        old = state.models.get(name)
+        self.statuses[name] = Status("loading", version or "")
+        started, before = time.monotonic(), rss_mb()
+        model: Model | None = None
+        try:
+            spec_name = (await asyncio.to_thread(load_bundle_spec, directory)).name
+            if spec_name != name:
+                raise BundleError(
+                    f"{directory / BUNDLE_FILE} names its bundle {spec_name!r}: a repository "
+                    "directory is named as its bundle"
+                )
+            model = await asyncio.to_thread(
+                load_model, settings, metrics, directory, state.activity, state.engine_address
+            )
+            if version is not None and model.version != version:
+                raise BundleError(
+                    f"{directory} changed on disk while the workers loaded it (version "
+                    f"{model.version[:12]} here, {version[:12]} in another worker); load it again"
+                )
+            model.batcher.start()
+            if settings.warmup:
+                await asyncio.to_thread(warm_up, [model], settings)
+            if isinstance(model.engine, Engine):
+                model.engine.warmed()
+        except Exception as exc:  # a bad bundle, a warm-up that raised: the old one serves on
+            if model is not None:
+                await model.batcher.stop()
+            reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            self.statuses[name] = (
+                Status("ready", old.version, f"replacement failed: {reason}")
+                if old is not None
+                else Status("failed", version or "", reason)
+            )
+            metrics.model_events.labels(name, "failed").inc()
+            log.error("loading %s failed: %s", name, reason)
+            raise LoadFailed(f"model {name!r} could not be loaded: {reason}") from exc
+        seconds, added = time.monotonic() - started, max(0.0, rss_mb() - before)
+        state.models[name] = model  # a replacement keeps its predecessor's place
+        self._changed()
+        self.statuses[name] = Status("ready", model.version, None, round(seconds, 3), round(added))
+        metrics.model_loaded.labels(name).set(1)
+        metrics.model_memory.labels(name).set(added * 2**20)
+        metrics.model_load_seconds.labels(name).observe(seconds)
+        metrics.model_events.labels(name, "replaced" if old else "loaded").inc()
+        log.info(
+            "%s %s (version %s) in %.2f s, +%.0f MB",
+            "replaced" if old else "loaded",
+            name,
+            model.version[:12],
+            seconds,
+            added,
+        )
+        if old is not None:
+            await self._retire(old)
+
+    async def _unload_here(self, name: str) -> None:
+        model = self.state.models.pop(name)
+        self.statuses[name] = Status("unloading", model.version)
+        self._changed()
+        before = rss_mb()
+        await self._retire(model)
+        del model
+        freed = before - rss_mb()
+        self.statuses.pop(name, None)
+        metrics = self.state.metrics
+        metrics.model_loaded.labels(name).set(0)
+        metrics.model_memory.labels(name).set(0)
+        metrics.model_events.labels(name, "unloaded").inc()
+        log.info("unloaded %s, -%.0f MB", name, freed)
+
+    async def _retire(self, model: Model) -> None:
+        """Once the requests that picked `model` are answered: stop it and free its memory."""
+        deadline = time.monotonic() + self.state.settings.request_timeout_s + 5
+        while model.users and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await model.batcher.stop()
+        model.engine = model.batcher = None  # type: ignore[assignment]
+        # What start-up loaded was frozen out of the collector's sight (service.state): let it
+        # see the retired model's cycles once, then freeze what stays.
+        gc.unfreeze()
+        await asyncio.to_thread(gc.collect)
+        gc.freeze()
+        await asyncio.to_thread(self.state.trimmer.trim)
+
+    def _changed(self) -> None:
+        self.state.defaults = defaults(self.state.models)
+        for hook in self.changed:
+            hook()
+
+    # --- following the other workers ------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_EVERY_S)
+            if self.board.generation.value > self.reached:
+                try:
+                    async with self._lock:
+                        await self._follow()
+                except Exception:  # a failed load is reported; the watch goes on
+                    log.exception("following the wanted model set failed")
+
+    async def _follow(self) -> None:
+        wanted = self.board.wanted()
+        if wanted is None or wanted[0] <= self.reached:
+            return
+        generation, models = wanted
+        for name in [n for n in self.state.models if n not in models]:
+            await self._unload_here(name)
+        for name, version in models.items():
+            loaded = self.state.models.get(name)
+            if loaded is None or loaded.version != version:
+                with contextlib.suppress(LoadFailed):
+                    await self._load_here(name, self.state.settings.bundles / name, version)
+        self.reached = generation
+        self.board.report(generation, self.statuses)
