@@ -35,12 +35,19 @@ from typing import TYPE_CHECKING, Any
 
 from bertserve.runtime.bundle import BUNDLE_FILE, BundleError, load_bundle_spec
 from bertserve.runtime.engine import Engine
-from bertserve.service.http.errors import Conflict, DeadlineExceeded, LoadFailed, NotFound
+from bertserve.service.http.errors import (
+    Conflict,
+    DeadlineExceeded,
+    LoadFailed,
+    NotFound,
+    NotReady,
+)
 from bertserve.service.models import (
     NAME,
     Model,
     bundle_version,
     defaults,
+    floor_mb,
     load_model,
     repository,
 )
@@ -153,6 +160,7 @@ class ModelControl:
     reached: int = 0  # the wanted set's generation this worker's table matches
     changed: list[Callable[[], None]] = field(default_factory=list)  # run after each change
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _demanded: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _watching: asyncio.Task[None] | None = None
 
     # --- start-up -------------------------------------------------------------------------------
@@ -171,6 +179,7 @@ class ModelControl:
         for model in self.state.models.values():
             self.statuses[model.name] = Status("ready", model.version)
             self.state.metrics.model_loaded.labels(model.name).set(1)
+            self.state.metrics.model_memory.labels(model.name).set(model.memory_mb * 2**20)
         if self.board.directory:
             self.board.report(self.reached, self.statuses)
             self._watching = asyncio.create_task(self._watch(), name="model-control")
@@ -219,6 +228,41 @@ class ModelControl:
             await self._unload_here(name)
             generation = self._publish()
         return await self._agreed(name, generation)
+
+    async def on_demand(self, name: str) -> None:
+        """A request named `name`, a repository model that is not loaded, and a memory budget
+        is set: load it (one load for every request that waits for it) and unload the least
+        recently used models until the loaded ones fit the budget. The request waits within
+        request_timeout_s; past it a 503 asks to retry."""
+        loading = self._demanded.get(name)
+        if loading is None:
+            loading = asyncio.create_task(self._load_within_budget(name), name=f"demand-{name}")
+            self._demanded[name] = loading
+            loading.add_done_callback(lambda _: self._demanded.pop(name, None))
+        timeout = self.state.settings.request_timeout_s
+        try:
+            await asyncio.wait_for(asyncio.shield(loading), timeout)
+        except TimeoutError:
+            raise NotReady(
+                f"model {name!r} is loading on demand; retry shortly", retry_after_s=2
+            ) from None
+
+    async def _load_within_budget(self, name: str) -> None:
+        await self.load(name)
+        budget = self.state.settings.model_memory_mb
+        models = self.state.models
+        while sum(m.memory_mb for m in models.values()) > budget:
+            others = [m for m in models.values() if m.name != name]
+            if not others:
+                break
+            coldest = min(others, key=lambda m: m.used)
+            log.info(
+                "unloading %s, the least recently used, to keep within model_memory_mb %g",
+                coldest.name,
+                budget,
+            )
+            with contextlib.suppress(NotFound):  # unloaded meanwhile
+                await self.unload(coldest.name)
 
     def _publish(self) -> int:
         generation = self.board.publish({n: m.version for n, m in self.state.models.items()})
@@ -296,11 +340,13 @@ class ModelControl:
             log.error("loading %s failed: %s", name, reason)
             raise LoadFailed(f"model {name!r} could not be loaded: {reason}") from exc
         seconds, added = time.monotonic() - started, max(0.0, rss_mb() - before)
+        model.memory_mb = floor_mb(directory, model.spec, added)
+        model.used = time.monotonic()
         state.models[name] = model  # a replacement keeps its predecessor's place
         self._changed()
         self.statuses[name] = Status("ready", model.version, None, round(seconds, 3), round(added))
         metrics.model_loaded.labels(name).set(1)
-        metrics.model_memory.labels(name).set(added * 2**20)
+        metrics.model_memory.labels(name).set(model.memory_mb * 2**20)
         metrics.model_load_seconds.labels(name).observe(seconds)
         metrics.model_events.labels(name, "replaced" if old else "loaded").inc()
         log.info(

@@ -24,7 +24,13 @@ from bertserve.runtime.batching import Row, RowResult, gather, lower_priority
 from bertserve.runtime.tasks import Task
 from bertserve.runtime.tasks.common import checkpoint, deadline_check, unwatch, watch
 from bertserve.service.http.asgi import Gone
-from bertserve.service.http.errors import InvalidInput, Overloaded, RequestError, TooLarge
+from bertserve.service.http.errors import (
+    InvalidInput,
+    NotLoaded,
+    Overloaded,
+    RequestError,
+    TooLarge,
+)
 from bertserve.service.state import Model, ServiceState, Slot
 
 
@@ -88,7 +94,14 @@ async def _handle(
     slot: Slot | None,
 ) -> Any:
     request = body if isinstance(body, task.request) else task.request.model_validate(body)
-    model = pick_model(state, task, request, model_name)
+    try:
+        model = pick_model(state, task, request, model_name)
+    except NotLoaded as missing:  # with a memory budget, loaded on demand (service.control)
+        if not state.settings.model_memory_mb:
+            raise
+        await state.control.on_demand(missing.name)
+        model = pick_model(state, task, request, model_name)
+    model.used = time.monotonic()
     model.users += 1  # a model replaced or unloaded meanwhile is retired once this is answered
     try:
         return await _serve(state, task, request, model, stats, disconnected, client, slot)

@@ -199,8 +199,8 @@ class Metrics:
         )
         self.model_memory = Gauge(
             "bertserve_model_memory_bytes",
-            "what loading the model added to the resident memory of the serving processes "
-            "(summed over them; models loaded at start: 0, not measured)",
+            "what loading the model added to the resident memory of the serving processes, at "
+            "least its model file's size (summed over them; at start, without its warm-up)",
             ["model"],
             registry=r,
             multiprocess_mode="livesum",

@@ -25,6 +25,7 @@ from bertserve.runtime.tasks import READS
 from bertserve.runtime.tasks.common import TaskContext
 from bertserve.service.metrics import Metrics
 from bertserve.service.process.engine_client import RemoteBackend
+from bertserve.service.process.memory import rss_mb
 from bertserve.service.settings import Settings
 
 log = logging.getLogger("bertserve.models")
@@ -53,6 +54,9 @@ class Model:
     batcher: Batcher
     version: str = ""  # the sha256 of its bundle.json, which holds its model file's sha256
     users: int = 0  # requests picked for it and not yet answered (service.handler)
+    used: float = 0.0  # when a request last picked it (time.monotonic; service.control's LRU)
+    memory_mb: float = 0.0  # what loading it added to the process's resident memory, at least
+    # its model file's size (service.control's budget)
 
 
 # A bundle's name as a repository directory and a URL segment: no path, no dot files.
@@ -79,6 +83,7 @@ def load_model(
     """One bundle, checked and loaded: its ONNX Runtime sessions (or its handle on the engine
     process), tokenizer and batcher (not started). A bad bundle is a BundleError naming it."""
     version = bundle_version(directory)
+    before = rss_mb()
     spec = load_bundle_spec(directory)
     check_model_file(directory, spec)
     check_serves(directory, spec)
@@ -120,7 +125,15 @@ def load_model(
         spec.precision,
         engine.provider,
     )
-    return Model(spec.name, spec, ctx, engine, batcher, version)
+    model = Model(spec.name, spec, ctx, engine, batcher, version)
+    model.memory_mb = floor_mb(directory, spec, rss_mb() - before)
+    return model
+
+
+def floor_mb(directory: Path, spec: BundleSpec, measured: float) -> float:
+    """A model's memory: what its load was measured to add, at least its model file's size
+    (a measurement taken while other threads free memory can come out low)."""
+    return max(measured, (directory / spec.model_file).stat().st_size / 2**20)
 
 
 def load_models(

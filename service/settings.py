@@ -49,6 +49,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "bundles",
         "model_control",
         "load_at_start",
+        "model_memory_mb",
         "model_load_timeout_s",
         "warmup",
         "providers",
@@ -142,6 +143,14 @@ class Settings(BaseSettings):
         "",
         description="with explicit model control: the comma-separated bundle names loaded at "
         "start ('*': every one); the rest are loaded by POST /models/{name}/load",
+    )
+    model_memory_mb: float = Field(
+        0,
+        ge=0,
+        description="with explicit model control: a request naming a repository model that is "
+        "not loaded loads it (the request waits, within request_timeout_s), and the least "
+        "recently used models are unloaded to keep what the loaded models take within this "
+        "many MB a worker; 0: off (such a request is a 404)",
     )
     model_load_timeout_s: float = Field(
         300.0,
@@ -513,6 +522,8 @@ class Settings(BaseSettings):
                 f"an API key has {len(short[0])} characters; use at least {MIN_KEY_LENGTH} "
                 "(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
             )
+        if self.model_memory_mb and self.model_control != "explicit":
+            raise ValueError("model_memory_mb needs model_control=explicit")
         if self.load_at_start and self.model_control != "explicit":
             raise ValueError("load_at_start needs model_control=explicit")
         if self.model_control == "explicit" and self.engine_process:

@@ -15,7 +15,7 @@ from bertserve.runtime.engine import Engine
 from bertserve.service.admission import Admission
 from bertserve.service.control import ModelControl
 from bertserve.service.http.auth import PUBLIC_PATHS
-from bertserve.service.http.errors import NotFound, NotReady, RequestError
+from bertserve.service.http.errors import NotFound, NotLoaded, NotReady, RequestError
 from bertserve.service.metrics import Metrics
 from bertserve.service.models import Model, defaults, load_models, serving
 from bertserve.service.process.memory import Trimmer
@@ -248,10 +248,11 @@ class ServiceState:
                 if model is None:
                     held = (self.settings.bundles / name / "bundle.json").is_file()
                     if held and self.settings.model_control == "explicit":
-                        raise NotFound(
+                        raise NotLoaded(
                             f"model {name!r} is not loaded (the repository holds it: POST "
                             f"/models/{name}/load with an admin key); models for {task}: "
-                            f"{serving}"
+                            f"{serving}",
+                            name,
                         )
                     raise NotFound(f"no model {name!r}; models for {task}: {serving}")
                 raise NotFound(

@@ -38,6 +38,7 @@ __all__ = [
     "LoadFailed",
     "MethodNotAllowed",
     "NotFound",
+    "NotLoaded",
     "NotReady",
     "Overloaded",
     "RequestError",
@@ -98,6 +99,14 @@ class LoadFailed(HttpError):
     """A bundle that could not be loaded or warmed (the management API): its reason."""
 
     status, error_type = 422, "load_failed"
+
+
+class NotLoaded(NotFound):
+    """A repository model that is not loaded (explicit model control): `name` says which."""
+
+    def __init__(self, message: str, name: str) -> None:
+        super().__init__(message)
+        self.name = name
 
 
 class Conflict(HttpError):

@@ -357,6 +357,7 @@ async def models(request: Request) -> list[dict[str, Any]]:
             "state": statuses[m.name].state if m.name in statuses else "ready",
             "version": m.version,
             "reason": statuses[m.name].reason if m.name in statuses else None,
+            "memory_mb": round(m.memory_mb, 1),
             "tasks": m.spec.tasks,
             "default_for": [t for t, d in state.defaults.items() if d is m],
             "labels": m.spec.labels,

@@ -241,3 +241,41 @@ def test_static_control_and_no_admin_keys_keep_the_api_off(bundle_dir):
     with live_server(bundles=bundle_dir) as live, live.client() as c:
         off = c.post("/models/sentiment/unload")
         assert off.status_code == 403 and "BERTSERVE_ADMIN_KEYS" in off.json()["error"]
+
+
+def test_a_memory_budget_loads_on_demand_and_unloads_the_least_recently_used(repo):
+    """With model_memory_mb a request for a repository model that is not loaded waits for its
+    load; the least recently used models are unloaded to fit (here a budget of one model, so
+    each load unloads the others); requests that arrive together share one load."""
+    add_bundle(repo, repo / "a", "c")
+    with live_server(
+        bundles=repo,
+        model_control="explicit",
+        load_at_start="a",
+        admin_keys=ADMIN,
+        api_keys=API,
+        model_memory_mb=0.001,
+    ) as live:
+        with live.client() as c:
+            assert classify(c, "b").status_code == 200
+            assert [m["name"] for m in c.get("/models", headers=AS_USER).json()] == ["b"]
+            assert classify(c, "a").status_code == 200
+            assert [m["name"] for m in c.get("/models", headers=AS_USER).json()] == ["a"]
+        statuses: list[int] = []
+
+        def ask() -> None:
+            with live.client() as client:
+                statuses.append(classify(client, "c").status_code)
+
+        threads = [threading.Thread(target=ask) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        with live.client() as c:
+            metrics = c.get("/metrics").text
+            assert [m["name"] for m in c.get("/models", headers=AS_USER).json()] == ["c"]
+            assert classify(c, "zz").status_code == 404  # not in the repository: no load
+    assert statuses == [200] * 4
+    assert 'bertserve_model_events_total{event="loaded",model="c"} 1.0' in metrics
+    assert 'bertserve_model_events_total{event="unloaded",model="a"} 2.0' in metrics
