@@ -22,6 +22,7 @@ from bertserve.export.graph import (
     TaskGraph,
     export_onnx,
     graph_io,
+    modernbert_tasks,
     optimise,
     output_axes,
     read_pooling,
@@ -221,8 +222,11 @@ def build_bundle(
             f"model's {config.vocab_size} embeddings"
         )
     arch = config.architectures[0] if config.architectures else None
-    keys = set(read_state_dict(checkpoint, config, arch or "BertModel"))
-    tasks = resolve_tasks(tasks, keys, arch)
+    if config.model_type == "modernbert":
+        tasks = modernbert_tasks(tasks, arch)
+    else:
+        keys = set(read_state_dict(checkpoint, config, arch or "BertModel"))
+        tasks = resolve_tasks(tasks, keys, arch)
     if "rerank" in tasks and config.num_labels != 1:
         raise ValueError(
             f"a rerank bundle needs a cross-encoder (a classifier with one output); "

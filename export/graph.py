@@ -159,6 +159,34 @@ def graph_io(tasks: list[str], segments: bool = True) -> tuple[list[str], list[s
     return inputs, list(axes)
 
 
+# ModernBERT's heads (model/modernbert.py): the tasks each serves.
+MODERNBERT_TASKS = {
+    "ModernBertForMaskedLM": ("fill-mask",),
+    "ModernBertForSequenceClassification": ("classify", "rerank"),
+    "ModernBertForTokenClassification": ("ner",),
+    "ModernBertForQuestionAnswering": ("qa",),
+    "ModernBertModel": ("embed",),
+}
+
+
+def modernbert_tasks(requested: list[str], architecture: str | None) -> list[str]:
+    """The tasks a ModernBERT bundle declares: those asked for, if its head serves them (one
+    head a bundle; no NSP head exists for it)."""
+    unknown = [t for t in requested if t not in CAPABILITIES]
+    if unknown:
+        raise ExportError(f"unknown task {unknown[0]!r}; tasks are {', '.join(TASKS)}")
+    served = MODERNBERT_TASKS.get(architecture or "ModernBertModel", ())
+    if architecture is not None and all(t == "embed" for t in requested):
+        served = (*served, "embed")  # any ModernBERT's encoder embeds
+    missing = [t for t in requested if t not in served]
+    if missing:
+        raise ExportError(
+            f"the checkpoint is a {architecture}, which serves {', '.join(served) or 'no task'}; "
+            f"not {missing[0]}"
+        )
+    return [t for t in TASKS if t in requested]
+
+
 class TaskGraph(nn.Module):
     """Positional tensors in, the tasks' outputs out: the module `torch.onnx.export` traces."""
 
@@ -178,6 +206,8 @@ class TaskGraph(nn.Module):
         mask_positions = rest.pop(0) if rest else None
         m: Any = self.model  # its heads depend on the architecture, dispatched on below
         arch = m.architecture
+        if arch.startswith("ModernBert"):
+            return self.modernbert(m, input_ids, attention_mask, mask_positions)
         if arch in PRETRAINING:
             sequence, pooled = m.bert(input_ids, attention_mask, token_type_ids)
             outs = []
@@ -192,12 +222,28 @@ class TaskGraph(nn.Module):
             return out.start_logits, out.end_logits
         if arch == "BertModel":  # embeddings: the last hidden states, pooled, and themselves
             sequence, _ = m.bert(input_ids, attention_mask, token_type_ids)  # (B, S, H)
-            if self.pooling == "cls":
-                return sequence[:, 0], sequence
-            weights = attention_mask.unsqueeze(-1).to(sequence.dtype)  # (B, S, 1)
-            summed = (sequence * weights).sum(1)  # (B, H)
-            return summed / weights.sum(1).clamp(min=1e-9), sequence
+            return self.pooled(sequence, attention_mask)
         return (m(input_ids, attention_mask, token_type_ids).logits,)
+
+    def modernbert(
+        self, m: Any, input_ids: Tensor, attention_mask: Tensor, mask_positions: Tensor | None
+    ) -> tuple[Tensor, ...]:
+        """ModernBERT's heads (model/modernbert.py) as the same graph outputs."""
+        if "embed" in self.tasks:
+            return self.pooled(m.model(input_ids, attention_mask), attention_mask)
+        if "fill-mask" in self.tasks:
+            assert mask_positions is not None, "a fill-mask graph takes mask_positions"
+            return (m(input_ids, attention_mask, mask_positions),)
+        out = m(input_ids, attention_mask)
+        return out if isinstance(out, tuple) else (out,)
+
+    def pooled(self, sequence: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """An embedding graph's outputs: the pooled vector and the token states."""
+        if self.pooling == "cls":
+            return sequence[:, 0], sequence
+        weights = attention_mask.unsqueeze(-1).to(sequence.dtype)  # (B, S, 1)
+        summed = (sequence * weights).sum(1)  # (B, H)
+        return summed / weights.sum(1).clamp(min=1e-9), sequence
 
 
 def example_inputs(

@@ -18,8 +18,10 @@ An unknown key, a missing encoder key or a shape mismatch is a `CheckpointError`
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -69,11 +71,23 @@ def sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def read_config(directory: str | Path) -> BertConfig:
+def read_config(directory: str | Path) -> Any:
+    """The checkpoint's config: a BertConfig, or for ModernBERT its own (model/modernbert.py)."""
     path = Path(directory) / CONFIG_NAME
     if not path.is_file():
         raise CheckpointError(f"{directory} has no {CONFIG_NAME}")
+    if model_type(path) == "modernbert":
+        from bertserve.model.modernbert import ModernBertConfig
+
+        return ModernBertConfig.from_json_file(path)
     return BertConfig.from_json_file(path)
+
+
+def model_type(config_path: Path) -> str | None:
+    try:
+        return json.loads(config_path.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def read_state_dict(
@@ -140,6 +154,12 @@ def load_model(
     `overrides` change the config (labels, dropout) before the model is built; `weights=False`
     keeps BERT's random initialisation (the no-pre-training baseline) with the same shape."""
     config = read_config(directory)
+    if config.model_type == "modernbert":  # its own modules and names (model/modernbert.py)
+        from bertserve.model.modernbert import load_modernbert
+
+        if overrides or not weights:
+            raise CheckpointError("ModernBERT checkpoints load for export and serving only")
+        return load_modernbert(directory, head)  # type: ignore[return-value]
     cls = head_class(config, head)
     state = read_state_dict(directory, config, cls.architecture) if weights else {}
     classifier = state.get("classifier.weight")

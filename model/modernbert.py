@@ -34,8 +34,18 @@ import torch
 from torch import Tensor, nn
 
 from bertserve.model.bert import activation
+from bertserve.model.families import Family
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh")
+MODERNBERT = Family(
+    model_type="modernbert",
+    classes="ModernBert",
+    segments=False,
+    offset_positions=False,
+    sentence_activation="gelu",
+    prefix="model.",
+    pooler=False,
+)
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,20 @@ class ModernBertConfig:
     @property
     def num_labels(self) -> int:
         return len(self.id2label) if self.id2label else 2
+
+    @property
+    def family(self) -> Family:
+        """What the exporter reads of a family (no segments): ModernBERT's names are its own,
+        so no renaming rules."""
+        return MODERNBERT
+
+    @property
+    def max_sequence(self) -> int:
+        return self.max_position_embeddings
+
+    @property
+    def case_type_ids(self) -> int:
+        return 0  # letter case as segments is BERT's (model/config.py); no segments here
 
     def is_global(self, layer: int) -> bool:
         return layer % self.global_attn_every_n_layers == 0
@@ -367,6 +391,16 @@ HEADS: dict[str, type[ModernBertPreTrainedModel]] = {
 }
 
 
+# Our head names (model/heads.py, what export/graph.py asks for) -> ModernBERT's.
+OURS = {
+    "BertModel": "ModernBertModel",
+    "BertForMaskedLM": "ModernBertForMaskedLM",
+    "BertForSequenceClassification": "ModernBertForSequenceClassification",
+    "BertForTokenClassification": "ModernBertForTokenClassification",
+    "BertForQuestionAnswering": "ModernBertForQuestionAnswering",
+}
+
+
 def load_modernbert(directory: str | Path, head: str | None = None) -> ModernBertPreTrainedModel:
     """A Hugging Face ModernBERT checkpoint directory (config.json, model.safetensors) into
     `head` (default: its config's architecture). Every tensor must find its place, and every
@@ -376,12 +410,18 @@ def load_modernbert(directory: str | Path, head: str | None = None) -> ModernBer
     directory = Path(directory)
     config = ModernBertConfig.from_json_file(directory / "config.json")
     name = head or (config.architectures[0] if config.architectures else "ModernBertModel")
+    name = OURS.get(name, name)
     if name not in HEADS:
         raise ValueError(f"unknown ModernBERT head {name!r}; known: {', '.join(HEADS)}")
     model = HEADS[name](config)
     state = load_file(directory / "model.safetensors")
-    if name == "ModernBertModel":  # a bare encoder's keys have no "model." prefix
-        state = {k if k.startswith("model.") else f"model.{k}": v for k, v in state.items()}
+    if name == "ModernBertModel":  # the encoder alone: a bare one's keys have no "model."
+        bare = ("embeddings.", "layers.", "final_norm.")
+        state = {
+            k if k.startswith("model.") else f"model.{k}": v
+            for k, v in state.items()
+            if k.startswith(("model.", *bare))
+        }
     if "decoder.weight" not in state and hasattr(model, "decoder"):
         state["decoder.weight"] = state["model.embeddings.tok_embeddings.weight"]
     missing, unexpected = model.load_state_dict(state, strict=False)

@@ -34,6 +34,9 @@ TASK_HEADS = {
 }
 CLASSES = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "distilbert": "DistilBert"}
 CLASSES["electra"] = "Electra"
+CLASSES["modernbert"] = "ModernBert"
+# ModernBERT's tokenizer: byte-level BPE with BERT's special tokens and templates.
+MODERNBERT_SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
 
 
 def tokenizer(family: str, directory: Path) -> transformers.PreTrainedTokenizerFast:
@@ -66,6 +69,24 @@ def tokenizer(family: str, directory: Path) -> transformers.PreTrainedTokenizerF
             pad_token="<pad>",
             mask_token="<mask>",
         )
+    if family == "modernbert":
+        bpe = ByteLevelBPETokenizer()
+        bpe.train_from_iterator(CORPUS * 4, vocab_size=400, special_tokens=MODERNBERT_SPECIALS)
+        ids = {t: bpe.token_to_id(t) for t in MODERNBERT_SPECIALS}
+        bpe.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B [SEP]",
+            special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
+        )
+        return transformers.PreTrainedTokenizerFast(
+            tokenizer_object=bpe._tokenizer,
+            unk_token="[UNK]",
+            cls_token="[CLS]",
+            sep_token="[SEP]",
+            pad_token="[PAD]",
+            mask_token="[MASK]",
+            model_input_names=["input_ids", "attention_mask"],
+        )
     write_vocab(directory / "vocab.txt")
     cls = transformers.DistilBertTokenizerFast if family == "distilbert" else None
     cls = cls or transformers.ElectraTokenizerFast
@@ -83,6 +104,21 @@ def config(family: str, task: str, vocab: int, pad: int) -> transformers.Pretrai
     shape = {"vocab_size": vocab, "pad_token_id": pad, "max_position_embeddings": 130} | extra
     if family == "distilbert":
         return transformers.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=37, **shape)
+    if family == "modernbert":  # layer 0 global, 1 and 2 local: a window of 8 either way
+        return transformers.ModernBertConfig(
+            hidden_size=32,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            intermediate_size=37,
+            local_attention=16,
+            global_rope_theta=1000.0,
+            local_rope_theta=100.0,
+            cls_token_id=1,
+            sep_token_id=2,
+            bos_token_id=1,
+            eos_token_id=2,
+            **shape,
+        )
     body = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}
     body |= {"intermediate_size": 37}
     if family == "electra":
@@ -92,8 +128,9 @@ def config(family: str, task: str, vocab: int, pad: int) -> transformers.Pretrai
 
 
 def family_checkpoint(root: Path, family: str, task: str, seed: int = 0) -> Path:
-    """A random checkpoint of `family` with the head `task` needs, its heads spread (x20) so
-    that argmax comparisons mean something, and its tokenizer."""
+    """A random checkpoint of `family` with the head `task` needs, its heads spread (x20; x4
+    for ModernBERT, whose head normalises before its classifier) so that argmax comparisons
+    mean something without saturating scores to float32 ties, and its tokenizer."""
     directory = root / f"{family}-{task}"
     tok = tokenizer(family, directory / "tok")
     torch.manual_seed(seed)
@@ -102,7 +139,7 @@ def family_checkpoint(root: Path, family: str, task: str, seed: int = 0) -> Path
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.startswith(("classifier", "qa_outputs", "pre_classifier")):
-                param.mul_(20)
+                param.mul_(4 if family == "modernbert" else 20)
     model.save_pretrained(directory, safe_serialization=True)
     tok.save_pretrained(directory)
     if task == "embed":  # a sentence-transformers directory: mean pooling, normalised

@@ -23,6 +23,7 @@ SERVED = {
     "xlm-roberta": ("classify", "ner", "qa", "fill-mask", "rerank"),
     "distilbert": ("classify", "ner", "qa", "fill-mask", "embed"),
     "electra": ("classify", "ner", "qa", "fill-mask", "embed", "rerank"),
+    "modernbert": ("classify", "ner", "qa", "fill-mask", "embed", "rerank"),
 }
 CASES = [(f, t) for f, tasks in SERVED.items() for t in tasks]
 
@@ -38,6 +39,11 @@ def server(checkpoints, tmp_path_factory):
     root = tmp_path_factory.mktemp("family-bundles")
     for (family, task), directory in checkpoints.items():
         spec = build_bundle(directory, [task], root / f"{family}-{task}", max_seq_len=128)
+        if family == "modernbert":  # rotary attention is not a pattern ORT fuses; the
+            # residual adds and norms are (3 blocks x 2, the embeddings' and final norms)
+            assert "Attention" not in spec.fused_nodes, spec.fused_nodes
+            assert spec.fused_nodes["SkipLayerNormalization"] == 6, (task, spec.fused_nodes)
+            continue
         # ONNX Runtime's optimiser fuses every family's attention and layer norms
         assert spec.fused_nodes["Attention"] == 2, (family, task, spec.fused_nodes)
         assert spec.fused_nodes["SkipLayerNormalization"] == 4, (family, task, spec.fused_nodes)
