@@ -165,8 +165,11 @@ class BundleSpec(_Strict):
 
 
 def bundle_dirs(root: str | Path) -> list[Path]:
-    """The bundles under `root`: each directory holding a bundle.json, in name order."""
-    return sorted(p.parent for p in Path(root).glob(f"*/{BUNDLE_FILE}"))
+    """The bundles under `root`: each directory holding a bundle.json, in name order; hidden
+    ones (a name starting with a dot: a copy or a symlink being swapped in) are not bundles."""
+    return sorted(
+        p.parent for p in Path(root).glob(f"*/{BUNDLE_FILE}") if not p.parent.name.startswith(".")
+    )
 
 
 def load_bundle_spec(directory: str | Path) -> BundleSpec:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import gc
 import json
@@ -49,6 +50,7 @@ from bertserve.service.models import (
     defaults,
     floor_mb,
     load_model,
+    load_models,
     repository,
 )
 from bertserve.service.process.memory import rss_mb
@@ -60,6 +62,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("bertserve.control")
 WATCH_EVERY_S = 0.05  # how often a worker looks for a new wanted set
 WANT, LOCK = "want.json", "lock"
+# A model used this recently is not unloaded to make room for another (model_memory_mb): two
+# requests' models alternating would otherwise load and unload at every request.
+MIN_RESIDENCE_S = 10.0
 
 
 @dataclass
@@ -105,19 +110,26 @@ class Board:
             return None
         return int(data["generation"]), dict(data["models"])
 
-    def publish(self, models: dict[str, str]) -> int:
-        """Write the wanted set (name -> version); its generation."""
+    def publish(self, name: str, version: str | None, table: dict[str, str]) -> int:
+        """One change onto the wanted set (`name` at `version`; None: unloaded), read and
+        written under the lock, so changes made at once in two workers both stand; before the
+        first change the set is `table` (this worker's: the start-up set). Its generation."""
         if not self.directory:
             return 0
         with self.locked():
             current = self.wanted()
-            generation = (current[0] if current else 0) + 1
+            generation, models = current if current else (0, dict(table))
+            if version is None:
+                models.pop(name, None)
+            else:
+                models[name] = version
             path = Path(self.directory, WANT)
             temporary = path.with_suffix(".tmp")
-            temporary.write_text(json.dumps({"generation": generation, "models": models}))
+            data = {"generation": generation + 1, "models": models}
+            temporary.write_text(json.dumps(data))
             temporary.replace(path)
-            self.generation.value = generation
-        return generation
+            self.generation.value = generation + 1
+        return generation + 1
 
     def report(self, generation: int, statuses: dict[str, Status]) -> None:
         if not self.directory:
@@ -165,21 +177,57 @@ class ModelControl:
 
     # --- start-up -------------------------------------------------------------------------------
 
-    def start_names(self) -> tuple[str, ...] | None:
-        """The bundles to load at start: the wanted set where a management call made one (a
-        worker started after it), else the settings' (None: every bundle)."""
+    def load_start(self) -> dict[str, Model]:
+        """The models to serve from the start: where a management call made a wanted set (this
+        worker started after it), that set, each bundle loaded on its own (one that fails, or
+        whose version is no longer the others', is reported, not fatal: the others serve);
+        else the settings' set (service.models.load_models; a bad bundle stops the start)."""
+        state, settings = self.state, self.state.settings
         wanted = self.board.wanted()
-        if wanted is not None:
-            self.reached = wanted[0]
-            return tuple(wanted[1])
-        return self.state.settings.start_models()
+        if wanted is None:
+            return load_models(
+                settings,
+                state.metrics,
+                state.activity,
+                state.engine_address,
+                settings.start_models(),
+            )
+        self.reached, versions = wanted
+        models: dict[str, Model] = {}
+        for name, version in versions.items():
+            try:
+                model = load_model(
+                    settings,
+                    state.metrics,
+                    settings.bundles / name,
+                    state.activity,
+                    state.engine_address,
+                )
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                self.statuses[name] = Status("failed", version, reason)
+                log.error("loading %s at start failed: %s", name, reason)
+                continue
+            models[name] = model
+            if model.version != version:
+                self.statuses[name] = Status(
+                    "ready",
+                    model.version,
+                    f"version {model.version[:12]} from disk, not the {version[:12]} the other "
+                    "workers serve: the bundle changed since; load it again",
+                )
+        return models
 
     def started(self) -> None:
-        """The start-up set is loaded: record it, and watch for wanted sets (workers)."""
+        """The start-up set is loaded: record it."""
         for model in self.state.models.values():
-            self.statuses[model.name] = Status("ready", model.version)
+            self.statuses.setdefault(model.name, Status("ready", model.version))
             self.state.metrics.model_loaded.labels(model.name).set(1)
             self.state.metrics.model_memory.labels(model.name).set(model.memory_mb * 2**20)
+
+    def warmed(self) -> None:
+        """The start-up set is warm: report it, and follow the wanted set from now on (a change
+        while the warm-up walks the table would pull models from under it)."""
         if self.board.directory:
             self.board.report(self.reached, self.statuses)
             self._watching = asyncio.create_task(self._watch(), name="model-control")
@@ -200,6 +248,8 @@ class ModelControl:
                 "model control is static: the models are the bundles loaded at start; start "
                 "with BERTSERVE_MODEL_CONTROL=explicit to load and unload them while serving"
             )
+        if not self.state.warmed:
+            raise NotReady("the service is starting: models are not loaded and warm yet")
         directory = settings.bundles / name
         if not NAME.fullmatch(name) or not (directory / BUNDLE_FILE).is_file():
             held = sorted(repository(settings.bundles))
@@ -213,27 +263,39 @@ class ModelControl:
         this worker, then in every other; its state once every worker has it."""
         directory = self.directory_of(name)
         async with self._lock:
+            await self._follow()  # first what the others changed (never publish a stale set)
             loaded = self.state.models.get(name)
             if loaded is None or loaded.version != bundle_version(directory):
                 await self._load_here(name, directory)
-            generation = self._publish()
+            else:  # unchanged: what it says is its state (a failed replacement's reason goes)
+                status = self.statuses.get(name)
+                self.statuses[name] = dataclasses.replace(
+                    status or Status("ready", loaded.version), state="ready", reason=None
+                )
+            generation = self._publish(name, self.state.models[name].version)
         return await self._agreed(name, generation)
 
     async def unload(self, name: str) -> dict[str, Any]:
         """POST /models/{name}/unload."""
         self.directory_of(name)
         async with self._lock:
+            await self._follow()
             if name not in self.state.models:
-                raise NotFound(f"model {name!r} is not loaded; loaded: {sorted(self.state.models)}")
-            await self._unload_here(name)
-            generation = self._publish()
+                failed = self.statuses.pop(name, None)  # a failed load's state is cleared
+                if failed is None:
+                    raise NotFound(
+                        f"model {name!r} is not loaded; loaded: {sorted(self.state.models)}"
+                    )
+            else:
+                await self._unload_here(name)
+            generation = self._publish(name, None)
         return await self._agreed(name, generation)
 
     async def on_demand(self, name: str) -> None:
         """A request named `name`, a repository model that is not loaded, and a memory budget
-        is set: load it (one load for every request that waits for it) and unload the least
-        recently used models until the loaded ones fit the budget. The request waits within
-        request_timeout_s; past it a 503 asks to retry."""
+        is set: load it (one load in this worker for every request that waits for it) and
+        unload the least recently used models until the loaded ones fit the budget. The request
+        waits within request_timeout_s; past it a 503 asks to retry."""
         loading = self._demanded.get(name)
         if loading is None:
             loading = asyncio.create_task(self._load_within_budget(name), name=f"demand-{name}")
@@ -248,14 +310,26 @@ class ModelControl:
             ) from None
 
     async def _load_within_budget(self, name: str) -> None:
-        await self.load(name)
+        if name not in self.state.models:
+            await self.load(name)
         budget = self.state.settings.model_memory_mb
         models = self.state.models
         while sum(m.memory_mb for m in models.values()) > budget:
-            others = [m for m in models.values() if m.name != name]
-            if not others:
+            now = time.monotonic()
+            idle = [
+                m
+                for m in models.values()
+                if m.name != name
+                and m.name not in self._demanded
+                and not m.users
+                and now - m.used > MIN_RESIDENCE_S
+            ]
+            if not idle:  # all in use, or just used: over the budget until one is idle
+                log.warning(
+                    "model_memory_mb %g exceeded: every other loaded model is in use", budget
+                )
                 break
-            coldest = min(others, key=lambda m: m.used)
+            coldest = min(idle, key=lambda m: m.used)
             log.info(
                 "unloading %s, the least recently used, to keep within model_memory_mb %g",
                 coldest.name,
@@ -264,8 +338,11 @@ class ModelControl:
             with contextlib.suppress(NotFound):  # unloaded meanwhile
                 await self.unload(coldest.name)
 
-    def _publish(self) -> int:
-        generation = self.board.publish({n: m.version for n, m in self.state.models.items()})
+    def _publish(self, name: str, version: str | None) -> int:
+        """The change (`name` now at `version`; None: unloaded) onto the wanted set."""
+        generation = self.board.publish(
+            name, version, {n: m.version for n, m in self.state.models.items()}
+        )
         self.reached = max(self.reached, generation)
         self.board.report(self.reached, self.statuses)
         return generation
@@ -281,10 +358,13 @@ class ModelControl:
                     f"{self.state.settings.model_load_timeout_s:g} s; it goes on (GET /models)"
                 )
             await asyncio.sleep(WATCH_EVERY_S)
+        mine = self.statuses.get(name)
         failed = [
             f"worker {slot}: {report['models'][name]['reason']}"
             for slot, report in self.board.reports().items()
-            if report["models"].get(name, {}).get("reason")
+            if slot != self.board.slot
+            and report["models"].get(name, {}).get("reason")
+            and (mine is None or report["models"][name]["version"] != mine.version)
         ]
         if failed:  # this worker has it; another could not follow (its memory, its disk)
             error = LoadFailed(f"model {name!r} failed to load in " + "; ".join(failed))
@@ -362,6 +442,8 @@ class ModelControl:
 
     async def _unload_here(self, name: str) -> None:
         model = self.state.models.pop(name)
+        spec = model.spec
+        info = (name, ",".join(spec.tasks), spec.precision, model.engine.provider)
         self.statuses[name] = Status("unloading", model.version)
         self._changed()
         before = rss_mb()
@@ -372,6 +454,7 @@ class ModelControl:
         metrics = self.state.metrics
         metrics.model_loaded.labels(name).set(0)
         metrics.model_memory.labels(name).set(0)
+        metrics.model_info.labels(*info, str(spec.max_seq_len)).set(0)
         metrics.model_events.labels(name, "unloaded").inc()
         log.info("unloaded %s, -%.0f MB", name, freed)
 
@@ -399,7 +482,7 @@ class ModelControl:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(WATCH_EVERY_S)
-            if self.board.generation.value > self.reached:
+            if self.board.generation.value > self.reached and not self._lock.locked():
                 try:
                     async with self._lock:
                         await self._follow()
@@ -407,16 +490,23 @@ class ModelControl:
                     log.exception("following the wanted model set failed")
 
     async def _follow(self) -> None:
+        """Bring this worker's table to the newest wanted set (under the lock)."""
         wanted = self.board.wanted()
         if wanted is None or wanted[0] <= self.reached:
             return
         generation, models = wanted
         for name in [n for n in self.state.models if n not in models]:
             await self._unload_here(name)
+        for name in [
+            n for n, s in self.statuses.items() if n not in models and s.state == "failed"
+        ]:
+            del self.statuses[name]
         for name, version in models.items():
             loaded = self.state.models.get(name)
             if loaded is None or loaded.version != version:
                 with contextlib.suppress(LoadFailed):
                     await self._load_here(name, self.state.settings.bundles / name, version)
+            elif (status := self.statuses.get(name)) is not None and status.reason:
+                self.statuses[name] = dataclasses.replace(status, state="ready", reason=None)
         self.reached = generation
         self.board.report(generation, self.statuses)

@@ -94,13 +94,14 @@ async def _handle(
     slot: Slot | None,
 ) -> Any:
     request = body if isinstance(body, task.request) else task.request.model_validate(body)
-    try:
-        model = pick_model(state, task, request, model_name)
-    except NotLoaded as missing:  # with a memory budget, loaded on demand (service.control)
-        if not state.settings.model_memory_mb:
-            raise
-        await state.control.on_demand(missing.name)
-        model = pick_model(state, task, request, model_name)
+    for attempt in range(3):  # with a memory budget, loaded on demand (service.control);
+        try:  # another worker's eviction may take it away again before it is picked here
+            model = pick_model(state, task, request, model_name)
+            break
+        except NotLoaded as missing:
+            if not state.settings.model_memory_mb or attempt == 2:
+                raise
+            await state.control.on_demand(missing.name)
     model.used = time.monotonic()
     model.users += 1  # a model replaced or unloaded meanwhile is retired once this is answered
     try:

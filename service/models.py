@@ -69,8 +69,13 @@ def repository(root: Path) -> dict[str, Path]:
 
 
 def bundle_version(directory: Path) -> str:
-    """A bundle's version: the sha256 of its bundle.json (which holds its model file's)."""
-    return hashlib.sha256((directory / BUNDLE_FILE).read_bytes()).hexdigest()
+    """A bundle's version: the sha256 of its bundle.json (which holds its model file's sha256)
+    and its tokenizer.json, one after the other."""
+    digest = hashlib.sha256((directory / BUNDLE_FILE).read_bytes())
+    tokenizer = directory / "tokenizer.json"
+    if tokenizer.is_file():
+        digest.update(tokenizer.read_bytes())
+    return digest.hexdigest()
 
 
 def load_model(

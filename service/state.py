@@ -17,7 +17,7 @@ from bertserve.service.control import ModelControl
 from bertserve.service.http.auth import PUBLIC_PATHS
 from bertserve.service.http.errors import NotFound, NotLoaded, NotReady, RequestError
 from bertserve.service.metrics import Metrics
-from bertserve.service.models import Model, defaults, load_models, serving
+from bertserve.service.models import Model, defaults, serving
 from bertserve.service.process.memory import Trimmer
 from bertserve.service.settings import Settings
 from bertserve.service.warmup import warm_up
@@ -195,10 +195,7 @@ class ServiceState:
     def load(self) -> None:
         """Load the start-up bundles (service.models): every one under settings.bundles, or
         with explicit model control those named (service.control)."""
-        names = self.control.start_names()
-        self.models = load_models(
-            self.settings, self.metrics, self.activity, self.engine_address, names
-        )
+        self.models = self.control.load_start()
         self.defaults = defaults(self.models)
 
     def warm_up(self) -> None:
@@ -300,6 +297,7 @@ class ServiceState:
         gc.collect()
         gc.freeze()
         self.warmed = True
+        self.control.warmed()
         self.metrics.ready.set(1)
 
     async def stop(self) -> None:

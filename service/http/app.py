@@ -21,6 +21,7 @@ from bertserve.runtime.tasks import TASKS
 from bertserve.service.http.asgi import ADMITTED, SAFE_ID, replaying
 from bertserve.service.http.auth import (
     MANAGEMENT,
+    MANAGEMENT_PREFIX,
     PUBLIC_PATHS,
     authorizations,
     check_admin,
@@ -164,9 +165,10 @@ class RequestContext:
         path = scope["path"]
         slot = scope.get("extensions", {}).get(ADMITTED)
         keys = self.metrics_keys if path == "/metrics" else self.keys
-        if scope["method"] == "POST" and MANAGEMENT.fullmatch(path):
+        if scope["method"] == "POST" and path.startswith(MANAGEMENT_PREFIX):
             try:
                 check_admin(self.admin_keys, self.keys, authorizations(scope["headers"]))
+                scope["state"]["admin"] = True  # the management routes check it again
             except RequestError as exc:
                 app = service_error_response(exc, metrics, path)
         elif keys and (path not in PUBLIC_PATHS or path == "/metrics"):

@@ -12,8 +12,11 @@ import re
 from bertserve.service.http.errors import Forbidden, Unauthorized
 
 PUBLIC_PATHS = frozenset({"/health/live", "/health/ready", "/metrics"})
-# The management API (service.control): admin keys only.
+# The management API (service.control): admin keys only, for every POST under /models/ (a
+# pattern of the routes' own would differ from the router's: Starlette's `$` also matches
+# before a trailing newline, so `/models/x/load%0A` reached the route past a fullmatch).
 MANAGEMENT = re.compile(r"/models/[^/]+/(load|unload)")
+MANAGEMENT_PREFIX = "/models/"
 MIN_KEY_LENGTH = 16
 
 

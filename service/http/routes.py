@@ -22,6 +22,7 @@ from bertserve.service.admission import ROOT
 from bertserve.service.handler import handle
 from bertserve.service.http.asgi import admitted, disconnect_watch, user_agent
 from bertserve.service.http.errors import (
+    Forbidden,
     InvalidInput,
     NotFound,
     NotReady,
@@ -406,6 +407,7 @@ async def load_model(request: Request, name: str) -> dict[str, Any]:
     """Loads the bundle `name` in every worker, warms it, then serves it; a loaded model of
     that name keeps answering until its replacement is warm, then drains and is freed. Answers
     once every worker has made the change. An admin key only (BERTSERVE_ADMIN_KEYS)."""
+    admin_only(request)
     return await state_of(request).control.load(name)
 
 
@@ -416,4 +418,11 @@ async def load_model(request: Request, name: str) -> dict[str, Any]:
 )
 async def unload_model(request: Request, name: str) -> dict[str, Any]:
     """A request for it is then a 404 naming what is served. An admin key only."""
+    admin_only(request)
     return await state_of(request).control.unload(name)
+
+
+def admin_only(request: Request) -> None:
+    """The management routes' own check, behind the middleware's (service.http.app)."""
+    if not request.scope.get("state", {}).get("admin"):
+        raise Forbidden("the model management API takes an admin key (BERTSERVE_ADMIN_KEYS)")

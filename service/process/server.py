@@ -403,7 +403,8 @@ def uvicorn_config(app, settings: Settings) -> uvicorn.Config:
             state.metrics.open_connections.inc,
             settings.max_header_bytes,
             Connections(
-                settings.keys() + settings.admin_key_set(),
+                # admin keys mark a connection as keyed, where API keys make others anonymous
+                settings.keys() + (settings.admin_key_set() if settings.keys() else ()),
                 settings.max_anonymous_connections,
                 settings.max_connections,
             ),

@@ -153,6 +153,26 @@ def test_load_replace_unload_across_workers_under_traffic(repo):
             for b0, b1, b2 in zip(before, peak, end, strict=True):
                 assert b1 - b0 > 50, (before, peak, end)
                 assert b1 - b2 >= 0.8 * (b1 - b0), (before, peak, end)
+            # Two changes at once, taken by either worker: both stand, in every worker.
+            for name in ("c", "d"):
+                add_bundle(repo, repo / "a", name)
+            calls = [
+                threading.Thread(
+                    target=lambda n=name: httpx.post(
+                        f"{url}/models/{n}/load", headers=AS_ADMIN, timeout=120
+                    )
+                )
+                for name in ("c", "d")
+            ]
+            for call in calls:
+                call.start()
+            for call in calls:
+                call.join()
+            for _ in range(8):  # new connections: both workers answer
+                seen = httpx.get(f"{url}/models", headers=AS_USER).json()
+                assert [m["name"] for m in seen] in (["a", "c", "d"], ["a", "d", "c"]), seen
+            for name in ("c", "d"):
+                assert c.post(f"/models/{name}/unload", headers=AS_ADMIN).status_code == 200
             models = c.get("/models", headers=AS_USER).json()
             metrics = c.get("/metrics").text
         a_statuses = on_a.stop()
@@ -182,6 +202,11 @@ def test_the_management_api_asks_for_an_admin_key(managed):
         assert wrong.status_code == 401 and "admin key" in wrong.json()["error"]
         user = c.post("/models/b/load", headers=AS_USER)
         assert user.status_code == 403 and "an API key cannot" in user.json()["error"]
+        # The router's `$` matches before a trailing newline: still a management call.
+        for tail in ("%0A", "%0a", "/", "%20"):
+            assert c.post(f"/models/b/load{tail}", headers=AS_USER).status_code in (403, 404)
+            assert c.post(f"/models/b/unload{tail}").status_code == 401
+        assert [m["name"] for m in c.get("/models", headers=AS_USER).json()] == ["a"]
         # The admin key is not an API key, and GET /models reads with an API key as before.
         assert c.get("/models", headers=AS_ADMIN).status_code == 401
         assert [m["name"] for m in c.get("/models", headers=AS_USER).json()] == ["a"]
@@ -192,8 +217,9 @@ def test_management_refuses_in_one_line(managed, repo):
         unknown = c.post("/models/zz/load", headers=AS_ADMIN)
         assert unknown.status_code == 404 and "['a', 'b']" in unknown.json()["error"]
         assert c.post("/models/..a/load", headers=AS_ADMIN).status_code == 404
-        # A name with a slash is no management call: the admin key is no API key there.
-        assert c.post("/models/..%2Fa/load", headers=AS_ADMIN).status_code == 401
+        # A name with a slash: under /models/ all the same (an admin key; then no route).
+        assert c.post("/models/..%2Fa/load", headers=AS_ADMIN).status_code == 404
+        assert c.post("/models/..%2Fa/load", headers=AS_USER).status_code == 403
         idle = c.post("/models/b/unload", headers=AS_ADMIN)
         assert idle.status_code == 404 and "'b' is not loaded" in idle.json()["error"]
         # A bundle that cannot load: 422 with why; a loaded model of that name serves on.
@@ -204,6 +230,10 @@ def test_management_refuses_in_one_line(managed, repo):
         assert classify(c, "a").status_code == 200
         listed = c.get("/models", headers=AS_USER).json()
         assert listed[0]["state"] == "ready" and "replacement failed" in listed[0]["reason"]
+        # Rolled back (the old files again): the same version, loaded, its failure forgotten.
+        (repo / "a" / "bundle.json").write_text(json.dumps(spec))
+        restored = c.post("/models/a/load", headers=AS_ADMIN)
+        assert restored.status_code == 200 and restored.json()["reason"] is None, restored.text
         # Named as another bundle: refused before anything loads.
         spec_b = json.loads((repo / "b" / "bundle.json").read_text())
         (repo / "b" / "bundle.json").write_text(json.dumps({**spec_b, "name": "c"}))
@@ -243,11 +273,15 @@ def test_static_control_and_no_admin_keys_keep_the_api_off(bundle_dir):
         assert off.status_code == 403 and "BERTSERVE_ADMIN_KEYS" in off.json()["error"]
 
 
-def test_a_memory_budget_loads_on_demand_and_unloads_the_least_recently_used(repo):
+def test_a_memory_budget_loads_on_demand_and_unloads_the_least_recently_used(repo, monkeypatch):
     """With model_memory_mb a request for a repository model that is not loaded waits for its
     load; the least recently used models are unloaded to fit (here a budget of one model, so
     each load unloads the others); requests that arrive together share one load."""
+    from bertserve.service import control
+
     add_bundle(repo, repo / "a", "c")
+    # A model used in the last 10 s stays, however tight the budget: here, none stays.
+    monkeypatch.setattr(control, "MIN_RESIDENCE_S", 0.0)
     with live_server(
         bundles=repo,
         model_control="explicit",
