@@ -34,8 +34,9 @@ import transformers
 
 VOCAB = {"bert": 30522, "distilbert": 30522, "roberta": 50265, "xlm-roberta": 250002}
 VOCAB["electra"] = 30522
+VOCAB["modernbert"] = 50368
 CLASSES = {"bert": "Bert", "distilbert": "DistilBert", "roberta": "Roberta"}
-CLASSES |= {"xlm-roberta": "XLMRoberta", "electra": "Electra"}
+CLASSES |= {"xlm-roberta": "XLMRoberta", "electra": "Electra", "modernbert": "ModernBert"}
 
 
 def checkpoint(root: Path, family: str, layers: int, hidden: int) -> Path:
@@ -45,6 +46,14 @@ def checkpoint(root: Path, family: str, layers: int, hidden: int) -> Path:
     if family == "distilbert":
         config = transformers.DistilBertConfig(
             dim=hidden, n_layers=layers, n_heads=heads, hidden_dim=4 * hidden, **shape
+        )
+    elif family == "modernbert":  # its own shape: a GeGLU 1.5x wide, every third layer global
+        config = transformers.ModernBertConfig(
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=3 * hidden // 2,
+            **shape,
         )
     else:
         body = {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads}
@@ -123,7 +132,9 @@ def rate(sess: ort.InferenceSession, feeds: dict, seconds: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--families", default="bert,distilbert,roberta,xlm-roberta,electra")
+    parser.add_argument(
+        "--families", default="bert,distilbert,roberta,xlm-roberta,electra,modernbert"
+    )
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--hidden", type=int, default=384)
     parser.add_argument("--seq", type=int, default=64)

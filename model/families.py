@@ -204,8 +204,9 @@ DISTILBERT_KEYS = {
 
 def family(model_type: str) -> Family:
     if model_type not in FAMILIES:
-        raise ValueError(
-            f"config.json has model_type {model_type!r}; supported: {', '.join(FAMILIES)}"
+        raise ValueError(  # modernbert: model/modernbert.py, an encoder of its own
+            f"config.json has model_type {model_type!r}; supported: "
+            f"{', '.join([*FAMILIES, 'modernbert'])}"
         )
     return FAMILIES[model_type]
 
