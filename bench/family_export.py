@@ -43,6 +43,7 @@ def checkpoint(root: Path, family: str, layers: int, hidden: int) -> Path:
     """A random-weight sequence classifier (2 labels) of `family`, saved as transformers does."""
     heads = hidden // 64
     shape = {"vocab_size": VOCAB[family], "num_labels": 2}
+    config: transformers.PretrainedConfig
     if family == "distilbert":
         config = transformers.DistilBertConfig(
             dim=hidden, n_layers=layers, n_heads=heads, hidden_dim=4 * hidden, **shape
@@ -53,7 +54,8 @@ def checkpoint(root: Path, family: str, layers: int, hidden: int) -> Path:
             num_hidden_layers=layers,
             num_attention_heads=heads,
             intermediate_size=3 * hidden // 2,
-            **shape,
+            vocab_size=VOCAB[family],
+            num_labels=2,
         )
     else:
         body = {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads}
