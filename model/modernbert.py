@@ -413,8 +413,14 @@ def load_modernbert(directory: str | Path, head: str | None = None) -> ModernBer
     name = OURS.get(name, name)
     if name not in HEADS:
         raise ValueError(f"unknown ModernBERT head {name!r}; known: {', '.join(HEADS)}")
-    model = HEADS[name](config)
     state = load_file(directory / "model.safetensors")
+    classifier = state.get("classifier.weight")
+    if config.id2label is None and classifier is not None and name.endswith("Classification"):
+        # transformers leaves id2label out of config.json when it is its default (LABEL_0,
+        # LABEL_1): the head's rows say how many labels there are, named as transformers does.
+        labels = {i: f"LABEL_{i}" for i in range(len(classifier))}
+        config = dataclasses.replace(config, id2label=labels)
+    model = HEADS[name](config)
     if name == "ModernBertModel":  # the encoder alone: a bare one's keys have no "model."
         bare = ("embeddings.", "layers.", "final_norm.")
         state = {

@@ -132,3 +132,13 @@ def test_a_config_we_cannot_compute_is_refused():
 
 def _ours(values: dict) -> dict:
     return {k: v for k, v in values.items() if not k.endswith("_token_id") or k == "pad_token_id"}
+
+
+def test_default_labels_are_named_as_transformers_names_them(tmp_path):
+    """transformers leaves id2label out of config.json at its default: the head's rows say how
+    many labels, named LABEL_i (the exporter needs names for /classify)."""
+    values = {k: v for k, v in TINY.items() if k not in ("id2label", "label2id")}
+    config = transformers.ModernBertConfig(**values, attn_implementation="eager")
+    transformers.ModernBertForSequenceClassification(config).save_pretrained(tmp_path)
+    assert "id2label" not in (tmp_path / "config.json").read_text()
+    assert load_modernbert(tmp_path).config.id2label == {0: "LABEL_0", 1: "LABEL_1"}
