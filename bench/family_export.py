@@ -35,8 +35,10 @@ import transformers
 VOCAB = {"bert": 30522, "distilbert": 30522, "roberta": 50265, "xlm-roberta": 250002}
 VOCAB["electra"] = 30522
 VOCAB["modernbert"] = 50368
+VOCAB["deberta-v2"] = 128100
 CLASSES = {"bert": "Bert", "distilbert": "DistilBert", "roberta": "Roberta"}
 CLASSES |= {"xlm-roberta": "XLMRoberta", "electra": "Electra", "modernbert": "ModernBert"}
+CLASSES["deberta-v2"] = "DebertaV2"
 
 
 def checkpoint(root: Path, family: str, layers: int, hidden: int) -> Path:
@@ -54,6 +56,22 @@ def checkpoint(root: Path, family: str, layers: int, hidden: int) -> Path:
             num_hidden_layers=layers,
             num_attention_heads=heads,
             intermediate_size=3 * hidden // 2,
+            vocab_size=VOCAB[family],
+            num_labels=2,
+        )
+    elif family == "deberta-v2":  # v3's layout (deberta-v3-xsmall is 12 x 384)
+        config = transformers.DebertaV2Config(
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=4 * hidden,
+            relative_attention=True,
+            position_buckets=256,
+            pos_att_type=["p2c", "c2p"],
+            share_att_key=True,
+            norm_rel_ebd="layer_norm",
+            position_biased_input=False,
+            type_vocab_size=0,
             vocab_size=VOCAB[family],
             num_labels=2,
         )
@@ -135,7 +153,8 @@ def rate(sess: ort.InferenceSession, feeds: dict, seconds: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--families", default="bert,distilbert,roberta,xlm-roberta,electra,modernbert"
+        "--families",
+        default="bert,distilbert,roberta,xlm-roberta,electra,modernbert,deberta-v2",
     )
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--hidden", type=int, default=384)

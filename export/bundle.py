@@ -22,9 +22,9 @@ from bertserve.export.graph import (
     TaskGraph,
     export_onnx,
     graph_io,
-    modernbert_tasks,
     optimise,
     output_axes,
+    own_tasks,
     read_pooling,
     read_prompts,
     read_sentence_settings,
@@ -222,8 +222,8 @@ def build_bundle(
             f"model's {config.vocab_size} embeddings"
         )
     arch = config.architectures[0] if config.architectures else None
-    if config.model_type == "modernbert":
-        tasks = modernbert_tasks(tasks, arch)
+    if config.model_type in ("modernbert", "deberta-v2"):  # encoders of their own
+        tasks = own_tasks(tasks, arch)
     else:
         keys = set(read_state_dict(checkpoint, config, arch or "BertModel"))
         tasks = resolve_tasks(tasks, keys, arch)

@@ -159,29 +159,32 @@ def graph_io(tasks: list[str], segments: bool = True) -> tuple[list[str], list[s
     return inputs, list(axes)
 
 
-# ModernBERT's heads (model/modernbert.py): the tasks each serves.
-MODERNBERT_TASKS = {
-    "ModernBertForMaskedLM": ("fill-mask",),
-    "ModernBertForSequenceClassification": ("classify", "rerank"),
-    "ModernBertForTokenClassification": ("ner",),
-    "ModernBertForQuestionAnswering": ("qa",),
-    "ModernBertModel": ("embed",),
+# The heads of the encoders written apart from model/bert.py (ModernBERT: model/modernbert.py,
+# DeBERTa-v2/v3: model/deberta.py), by their class names' ending: the tasks each serves.
+OWN_HEADS = {
+    "ForMaskedLM": ("fill-mask",),
+    "ForSequenceClassification": ("classify", "rerank"),
+    "ForTokenClassification": ("ner",),
+    "ForQuestionAnswering": ("qa",),
+    "Model": ("embed",),
 }
+OWN_ENCODERS = ("ModernBert", "DebertaV2")
 
 
-def modernbert_tasks(requested: list[str], architecture: str | None) -> list[str]:
-    """The tasks a ModernBERT bundle declares: those asked for, if its head serves them (one
-    head a bundle; no NSP head exists for it)."""
+def own_tasks(requested: list[str], architecture: str | None) -> list[str]:
+    """The tasks a bundle of one of OWN_ENCODERS declares: those asked for, if its head serves
+    them (one head a bundle; neither has an NSP head); any checkpoint's encoder embeds."""
     unknown = [t for t in requested if t not in CAPABILITIES]
     if unknown:
         raise ExportError(f"unknown task {unknown[0]!r}; tasks are {', '.join(TASKS)}")
-    served = MODERNBERT_TASKS.get(architecture or "ModernBertModel", ())
-    if architecture is not None and all(t == "embed" for t in requested):
-        served = (*served, "embed")  # any ModernBERT's encoder embeds
+    suffix = next((s for s in OWN_HEADS if architecture and architecture.endswith(s)), "Model")
+    served = OWN_HEADS[suffix]
+    if all(t == "embed" for t in requested):
+        served = (*served, "embed")
     missing = [t for t in requested if t not in served]
     if missing:
         raise ExportError(
-            f"the checkpoint is a {architecture}, which serves {', '.join(served) or 'no task'}; "
+            f"the checkpoint is a {architecture}, which serves {', '.join(served)}; "
             f"not {missing[0]}"
         )
     return [t for t in TASKS if t in requested]
@@ -206,8 +209,8 @@ class TaskGraph(nn.Module):
         mask_positions = rest.pop(0) if rest else None
         m: Any = self.model  # its heads depend on the architecture, dispatched on below
         arch = m.architecture
-        if arch.startswith("ModernBert"):
-            return self.modernbert(m, input_ids, attention_mask, mask_positions)
+        if arch.startswith(OWN_ENCODERS):
+            return self.own(m, input_ids, attention_mask, token_type_ids, mask_positions)
         if arch in PRETRAINING:
             sequence, pooled = m.bert(input_ids, attention_mask, token_type_ids)
             outs = []
@@ -225,16 +228,22 @@ class TaskGraph(nn.Module):
             return self.pooled(sequence, attention_mask)
         return (m(input_ids, attention_mask, token_type_ids).logits,)
 
-    def modernbert(
-        self, m: Any, input_ids: Tensor, attention_mask: Tensor, mask_positions: Tensor | None
+    def own(
+        self,
+        m: Any,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        token_type_ids: Tensor | None,
+        mask_positions: Tensor | None,
     ) -> tuple[Tensor, ...]:
-        """ModernBERT's heads (model/modernbert.py) as the same graph outputs."""
-        if "embed" in self.tasks:
-            return self.pooled(m.model(input_ids, attention_mask), attention_mask)
+        """The heads of OWN_ENCODERS as the same graph outputs."""
+        segments = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        if "embed" in self.tasks:  # the bare encoder: its last hidden states
+            return self.pooled(m(input_ids, attention_mask, **segments), attention_mask)
         if "fill-mask" in self.tasks:
             assert mask_positions is not None, "a fill-mask graph takes mask_positions"
-            return (m(input_ids, attention_mask, mask_positions),)
-        out = m(input_ids, attention_mask)
+            return (m(input_ids, attention_mask, **segments, positions=mask_positions),)
+        out = m(input_ids, attention_mask, **segments)
         return out if isinstance(out, tuple) else (out,)
 
     def pooled(self, sequence: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -80,6 +80,10 @@ def read_config(directory: str | Path) -> Any:
         from bertserve.model.modernbert import ModernBertConfig
 
         return ModernBertConfig.from_json_file(path)
+    if model_type(path) == "deberta-v2":
+        from bertserve.model.deberta import DebertaV2Config
+
+        return DebertaV2Config.from_json_file(path)
     return BertConfig.from_json_file(path)
 
 
@@ -154,12 +158,17 @@ def load_model(
     `overrides` change the config (labels, dropout) before the model is built; `weights=False`
     keeps BERT's random initialisation (the no-pre-training baseline) with the same shape."""
     config = read_config(directory)
-    if config.model_type == "modernbert":  # its own modules and names (model/modernbert.py)
+    if config.model_type in ("modernbert", "deberta-v2"):  # encoders of their own modules and
+        # names (model/modernbert.py, model/deberta.py)
+        from bertserve.model.deberta import load_deberta
         from bertserve.model.modernbert import load_modernbert
 
         if overrides or not weights:
-            raise CheckpointError("ModernBERT checkpoints load for export and serving only")
-        return load_modernbert(directory, head)  # type: ignore[return-value]
+            raise CheckpointError(
+                f"{config.model_type} checkpoints load for export and serving only"
+            )
+        loader = load_modernbert if config.model_type == "modernbert" else load_deberta
+        return loader(directory, head)  # type: ignore[return-value]
     cls = head_class(config, head)
     state = read_state_dict(directory, config, cls.architecture) if weights else {}
     classifier = state.get("classifier.weight")

@@ -206,7 +206,7 @@ def family(model_type: str) -> Family:
     if model_type not in FAMILIES:
         raise ValueError(  # modernbert: model/modernbert.py, an encoder of its own
             f"config.json has model_type {model_type!r}; supported: "
-            f"{', '.join([*FAMILIES, 'modernbert'])}"
+            f"{', '.join([*FAMILIES, 'modernbert', 'deberta-v2'])}"
         )
     return FAMILIES[model_type]
 

@@ -35,6 +35,7 @@ TASK_HEADS = {
 CLASSES = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "distilbert": "DistilBert"}
 CLASSES["electra"] = "Electra"
 CLASSES["modernbert"] = "ModernBert"
+CLASSES["deberta-v2"] = "DebertaV2"
 # ModernBERT's tokenizer: byte-level BPE with BERT's special tokens and templates.
 MODERNBERT_SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
 
@@ -68,6 +69,31 @@ def tokenizer(family: str, directory: Path) -> transformers.PreTrainedTokenizerF
             unk_token="<unk>",
             pad_token="<pad>",
             mask_token="<mask>",
+        )
+    if family == "deberta-v2":  # v3's: a SentencePiece Unigram in BERT's special tokens
+        unigram = SentencePieceUnigramTokenizer()
+        unigram.train_from_iterator(
+            CORPUS * 4,
+            vocab_size=200,
+            special_tokens=["[PAD]", "[CLS]", "[SEP]", "[UNK]"],
+            unk_token="[UNK]",
+        )
+        unigram.add_special_tokens(["[MASK]"])  # at the end, as deberta-v3's
+        ids = {t: unigram.token_to_id(t) for t in ("[CLS]", "[SEP]")}
+        unigram.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B [SEP]",
+            special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
+        )
+        return transformers.DebertaV2TokenizerFast(
+            tokenizer_object=unigram._tokenizer,
+            bos_token="[CLS]",
+            eos_token="[SEP]",
+            unk_token="[UNK]",
+            sep_token="[SEP]",
+            pad_token="[PAD]",
+            cls_token="[CLS]",
+            mask_token="[MASK]",
         )
     if family == "modernbert":
         bpe = ByteLevelBPETokenizer()
@@ -104,6 +130,21 @@ def config(family: str, task: str, vocab: int, pad: int) -> transformers.Pretrai
     shape = {"vocab_size": vocab, "pad_token_id": pad, "max_position_embeddings": 130} | extra
     if family == "distilbert":
         return transformers.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=37, **shape)
+    if family == "deberta-v2":  # v3's layout; buckets closer than the QA windows
+        return transformers.DebertaV2Config(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=37,
+            relative_attention=True,
+            position_buckets=16,
+            pos_att_type=["p2c", "c2p"],
+            share_att_key=True,
+            norm_rel_ebd="layer_norm",
+            position_biased_input=False,
+            type_vocab_size=0,
+            **shape,
+        )
     if family == "modernbert":  # layer 0 global, 1 and 2 local: a window of 8 either way
         return transformers.ModernBertConfig(
             hidden_size=32,
@@ -139,7 +180,7 @@ def family_checkpoint(root: Path, family: str, task: str, seed: int = 0) -> Path
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.startswith(("classifier", "qa_outputs", "pre_classifier")):
-                param.mul_(4 if family == "modernbert" else 20)
+                param.mul_(4 if family in ("modernbert", "deberta-v2") else 20)
     model.save_pretrained(directory, safe_serialization=True)
     tok.save_pretrained(directory)
     if task == "embed":  # a sentence-transformers directory: mean pooling, normalised
