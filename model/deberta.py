@@ -28,24 +28,26 @@ Shapes: B = batch, S = sequence length, H = hidden size, A = heads, D = H / A.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from bertserve.model.bert import activation
 from bertserve.model.families import Family
+from bertserve.model.own import OwnConfig, check_fits, read_checkpoint, save_checkpoint
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "tanh")
 
 
 @dataclass(frozen=True)
-class DebertaV2Config:
+class DebertaV2Config(OwnConfig):
     """A DeBERTa-v2/v3 checkpoint's shape, with Hugging Face's names and defaults."""
+
+    MODEL_TYPE: ClassVar[str] = "deberta-v2"
 
     vocab_size: int = 128100
     hidden_size: int = 1536
@@ -99,10 +101,6 @@ class DebertaV2Config:
         return self.hidden_size // self.num_attention_heads
 
     @property
-    def num_labels(self) -> int:
-        return len(self.id2label) if self.id2label else 2
-
-    @property
     def relative_span(self) -> int:
         """Half the rows of the relative-position table: the buckets, else the distances."""
         return self.position_buckets if self.position_buckets > 0 else self.max_relative
@@ -129,27 +127,15 @@ class DebertaV2Config:
         return 0
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DebertaV2Config:
-        if data.get("model_type", "deberta-v2") != "deberta-v2":
-            raise ValueError(f"config.json has model_type {data['model_type']!r}, not deberta-v2")
-        known = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in known and v is not None}
+    def adapt(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """Unset (null) keys take our defaults; pos_att_type may be "p2c|c2p"."""
+        values = {k: v for k, v in values.items() if v is not None}
         pos = values.get("pos_att_type", ())
         values["pos_att_type"] = tuple(pos.split("|") if isinstance(pos, str) else pos)
-        if values.get("id2label") is not None:
-            values["id2label"] = {int(k): v for k, v in values["id2label"].items()}
-        if values.get("architectures") is not None:
-            values["architectures"] = tuple(values["architectures"])
-        return cls(**values)
-
-    @classmethod
-    def from_json_file(cls, path: str | Path) -> DebertaV2Config:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        return values
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["pos_att_type"] = list(self.pos_att_type)
-        data["architectures"] = list(self.architectures) if self.architectures else None
+        data = super().to_dict() | {"pos_att_type": list(self.pos_att_type)}
         # unset sizes are left out: transformers takes the hidden size for them
         return {k: v for k, v in data.items() if v is not None}
 
@@ -566,51 +552,21 @@ _WORDS = "deberta.embeddings.word_embeddings.weight"
 
 def load_deberta(directory: str | Path, head: str | None = None) -> DebertaV2PreTrainedModel:
     """A Hugging Face DeBERTa-v2/v3 checkpoint directory into `head` (default: its config's
-    architecture). Every tensor of the encoder must find its place; another head's are dropped."""
-    from safetensors.torch import load_file
-
+    architecture). Every tensor must find its place, and every place its tensor (the tied
+    decoder aside); the bare encoder drops a head's."""
     directory = Path(directory)
-    config = DebertaV2Config.from_json_file(directory / "config.json")
-    name = head or (config.architectures[0] if config.architectures else "DebertaV2Model")
-    name = OURS.get(name, name)
-    if name not in HEADS:
-        raise ValueError(f"unknown DeBERTa head {name!r}; known: {', '.join(HEADS)}")
-    state = load_file(directory / "model.safetensors")
+    config, name, state = read_checkpoint(directory, DebertaV2Config, HEADS, OURS, head)
     bare = ("embeddings.", "encoder.")
     state = {f"deberta.{k}" if k.startswith(bare) else k: v for k, v in state.items()}
-    classifier = state.get("classifier.weight")
-    if config.id2label is None and classifier is not None and name.endswith("Classification"):
-        labels = {i: f"LABEL_{i}" for i in range(len(classifier))}
-        config = dataclasses.replace(config, id2label=labels)
     model = HEADS[name](config)
-    expected = model.state_dict()
-    if _TIED in expected:
+    if _TIED in model.state_dict():
         state[_TIED] = state[_WORDS]
     if name == "DebertaV2Model":
         state = {k: v for k, v in state.items() if k.startswith("deberta.")}
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    if missing or (unexpected and name != "DebertaV2Model"):
-        raise ValueError(
-            f"{directory}: the checkpoint does not fit {name}: missing {missing[:5]}, "
-            f"unexpected {unexpected[:5]}"
-        )
-    model.load_state_dict({k: v for k, v in state.items() if k in expected})
+    model.load_state_dict(check_fits(directory, name, model, state))
     return model.eval()
 
 
 def save_deberta(model: DebertaV2PreTrainedModel, directory: str | Path) -> Path:
-    """config.json and model.safetensors as Hugging Face names them (a bare encoder's keys
-    without `deberta.`; the tied decoder left out)."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    config = dataclasses.replace(model.config, architectures=(model.architecture,))
-    (directory / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != _TIED}
-    if model.architecture == "DebertaV2Model":
-        state = {k.removeprefix("deberta."): v for k, v in state.items()}
-    path = directory / "model.safetensors"
-    save_file(state, path)
-    return path
+    """config.json and model.safetensors as Hugging Face writes them."""
+    return save_checkpoint(model, directory, "deberta.", _TIED)

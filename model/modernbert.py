@@ -24,17 +24,16 @@ Shapes: B = batch, S = sequence length, H = hidden size, A = heads, D = H / A.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from bertserve.model.bert import activation
 from bertserve.model.families import Family
+from bertserve.model.own import OwnConfig, check_fits, read_checkpoint, save_checkpoint
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh")
 MODERNBERT = Family(
@@ -49,8 +48,10 @@ MODERNBERT = Family(
 
 
 @dataclass(frozen=True)
-class ModernBertConfig:
+class ModernBertConfig(OwnConfig):
     """The shape of a ModernBERT checkpoint, with Hugging Face's field names and defaults."""
+
+    MODEL_TYPE: ClassVar[str] = "modernbert"
 
     vocab_size: int = 50368
     hidden_size: int = 768
@@ -103,10 +104,6 @@ class ModernBertConfig:
         return self.hidden_size // self.num_attention_heads
 
     @property
-    def num_labels(self) -> int:
-        return len(self.id2label) if self.id2label else 2
-
-    @property
     def family(self) -> Family:
         """What the exporter reads of a family (no segments): ModernBERT's names are its own,
         so no renaming rules."""
@@ -122,28 +119,6 @@ class ModernBertConfig:
 
     def is_global(self, layer: int) -> bool:
         return layer % self.global_attn_every_n_layers == 0
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModernBertConfig:
-        """A config.json's keys; those of Hugging Face's that change nothing here are dropped."""
-        if data.get("model_type", "modernbert") != "modernbert":
-            raise ValueError(f"config.json has model_type {data['model_type']!r}, not modernbert")
-        known = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
-        if values.get("id2label") is not None:
-            values["id2label"] = {int(k): v for k, v in values["id2label"].items()}
-        if values.get("architectures") is not None:
-            values["architectures"] = tuple(values["architectures"])
-        return cls(**values)
-
-    @classmethod
-    def from_json_file(cls, path: str | Path) -> ModernBertConfig:
-        return cls.from_dict(json.loads(Path(path).read_text()))
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["architectures"] = list(self.architectures) if self.architectures else None
-        return data
 
 
 def rotary(positions: Tensor, dim: int, base: float) -> tuple[Tensor, Tensor]:
@@ -404,22 +379,9 @@ OURS = {
 def load_modernbert(directory: str | Path, head: str | None = None) -> ModernBertPreTrainedModel:
     """A Hugging Face ModernBERT checkpoint directory (config.json, model.safetensors) into
     `head` (default: its config's architecture). Every tensor must find its place, and every
-    place its tensor (the tied decoder aside)."""
-    from safetensors.torch import load_file
-
+    place its tensor (the tied decoder aside); the bare encoder drops a head's."""
     directory = Path(directory)
-    config = ModernBertConfig.from_json_file(directory / "config.json")
-    name = head or (config.architectures[0] if config.architectures else "ModernBertModel")
-    name = OURS.get(name, name)
-    if name not in HEADS:
-        raise ValueError(f"unknown ModernBERT head {name!r}; known: {', '.join(HEADS)}")
-    state = load_file(directory / "model.safetensors")
-    classifier = state.get("classifier.weight")
-    if config.id2label is None and classifier is not None and name.endswith("Classification"):
-        # transformers leaves id2label out of config.json when it is its default (LABEL_0,
-        # LABEL_1): the head's rows say how many labels there are, named as transformers does.
-        labels = {i: f"LABEL_{i}" for i in range(len(classifier))}
-        config = dataclasses.replace(config, id2label=labels)
+    config, name, state = read_checkpoint(directory, ModernBertConfig, HEADS, OURS, head)
     model = HEADS[name](config)
     if name == "ModernBertModel":  # the encoder alone: a bare one's keys have no "model."
         bare = ("embeddings.", "layers.", "final_norm.")
@@ -430,27 +392,10 @@ def load_modernbert(directory: str | Path, head: str | None = None) -> ModernBer
         }
     if "decoder.weight" not in state and hasattr(model, "decoder"):
         state["decoder.weight"] = state["model.embeddings.tok_embeddings.weight"]
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(
-            f"{directory}: the checkpoint does not fit {name}: missing {missing[:5]}, "
-            f"unexpected {unexpected[:5]}"
-        )
+    model.load_state_dict(check_fits(directory, name, model, state))
     return model.eval()
 
 
 def save_modernbert(model: ModernBertPreTrainedModel, directory: str | Path) -> Path:
-    """Write config.json and model.safetensors as Hugging Face names them (the tied decoder
-    written once, as the embedding table)."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    config = dataclasses.replace(model.config, architectures=(model.architecture,))
-    (directory / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "decoder.weight"}
-    if model.architecture == "ModernBertModel":
-        state = {k.removeprefix("model."): v for k, v in state.items()}
-    path = directory / "model.safetensors"
-    save_file(state, path)
-    return path
+    """config.json and model.safetensors as Hugging Face writes them."""
+    return save_checkpoint(model, directory, "model.", "decoder.weight")
