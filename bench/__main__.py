@@ -54,6 +54,9 @@ MODES: dict[str, Mode] = {
     "long-inputs": Mode(
         "bench.experiments.long_inputs", "long documents: chunks, late chunking, best-chunk rerank"
     ),
+    "long-window": Mode(
+        "bench.experiments.long_window", "ModernBERT's 8,192-token window through the service"
+    ),
     "overload-stages": Mode(
         "bench.experiments.overload_stages", "where a request's time goes at 5x overload"
     ),

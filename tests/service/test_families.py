@@ -40,8 +40,12 @@ def server(checkpoints, tmp_path_factory):
     root = tmp_path_factory.mktemp("family-bundles")
     for (family, task), directory in checkpoints.items():
         spec = build_bundle(directory, [task], root / f"{family}-{task}", max_seq_len=128)
-        if family == "deberta-v2":  # disentangled attention is not fused either
+        if family == "deberta-v2":  # disentangled attention is not fused either; its norms (the
+            # embeddings', the position table's, 2 a block, the MLM head's) and GELUs are
             assert "Attention" not in spec.fused_nodes, spec.fused_nodes
+            extra = int(task == "fill-mask")
+            assert spec.fused_nodes["LayerNormalization"] == 6 + extra, (task, spec.fused_nodes)
+            assert spec.fused_nodes["BiasGelu"] == 2 + extra, (task, spec.fused_nodes)
             continue
         if family == "modernbert":  # rotary attention is not a pattern ORT fuses; the
             # residual adds and norms are (3 blocks x 2, the embeddings' and final norms)
