@@ -120,6 +120,11 @@ class ModernBertConfig(OwnConfig):
     def is_global(self, layer: int) -> bool:
         return layer % self.global_attn_every_n_layers == 0
 
+    def rope_base(self, layer: int) -> float:
+        if self.is_global(layer) or self.local_rope_theta is None:
+            return self.global_rope_theta
+        return self.local_rope_theta
+
 
 def rotary(positions: Tensor, dim: int, base: float) -> tuple[Tensor, Tensor]:
     """cos and sin, (S, D), of RoPE at `positions`: frequencies base^(-2i/D), each used for
@@ -155,23 +160,20 @@ class ModernBertAttention(nn.Module):
         super().__init__()
         self.heads, self.head_dim = config.num_attention_heads, config.head_dim
         self.is_global = config.is_global(layer)
-        self.base = (
-            config.global_rope_theta
-            if self.is_global or config.local_rope_theta is None
-            else config.local_rope_theta
-        )
+        self.base = config.rope_base(layer)
         hidden = config.hidden_size
         self.Wqkv = nn.Linear(hidden, 3 * hidden, bias=config.attention_bias)
         self.Wo = nn.Linear(hidden, hidden, bias=config.attention_bias)
         self.drop = nn.Dropout(config.attention_dropout)
 
-    def forward(self, hidden: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
+    def forward(self, hidden: Tensor, mask: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
         batch, length, width = hidden.shape
         qkv = self.Wqkv(hidden).view(batch, length, 3, self.heads, self.head_dim)
         query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, A, S, D)
-        cos, sin = rotary(positions, self.head_dim, self.base)
-        query, key = rotate(query, cos, sin), rotate(key, cos, sin)
-        scores = torch.matmul(query, key.transpose(-1, -2)) / self.head_dim**0.5 + mask
+        cos, sin = rope
+        # the scale on the queries (S x D a head), not on the scores (S x S)
+        query = rotate(query, cos, sin) * self.head_dim**-0.5
+        scores = torch.matmul(query, rotate(key, cos, sin).transpose(-1, -2)) + mask
         weights = self.drop(torch.softmax(scores, dim=-1))
         context = torch.matmul(weights, value).transpose(1, 2).reshape(batch, length, width)
         return self.Wo(context)
@@ -203,8 +205,8 @@ class ModernBertLayer(nn.Module):
         self.mlp_norm = nn.LayerNorm(width, eps=eps, bias=bias)
         self.mlp = ModernBertMLP(config)
 
-    def forward(self, hidden: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
-        hidden = hidden + self.attn(self.attn_norm(hidden), mask, positions)
+    def forward(self, hidden: Tensor, mask: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+        hidden = hidden + self.attn(self.attn_norm(hidden), mask, rope)
         return hidden + self.mlp(self.mlp_norm(hidden))
 
 
@@ -223,15 +225,15 @@ class ModernBertModel(nn.Module):
         )
 
     def masks(self, attention_mask: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """Additive masks (B, 1, S, S) of the global layers (padding keys) and the local ones
-        (padding keys and keys beyond local_attention // 2 either way)."""
+        """Additive masks of the global layers ((B, 1, 1, S): padding keys) and the local ones
+        ((B, 1, S, S): padding keys and keys beyond local_attention // 2 either way)."""
         lowest = torch.finfo(dtype).min
         keys = attention_mask[:, None, None, :].to(torch.bool)  # (B, 1, 1, S)
         length = attention_mask.shape[1]
         places = torch.arange(length, device=attention_mask.device)
         near = (places[None, :] - places[:, None]).abs() <= self.config.local_attention // 2
         zero = torch.zeros((), dtype=dtype, device=attention_mask.device)
-        full = torch.where(keys, zero, lowest).expand(-1, -1, length, -1)
+        full = torch.where(keys, zero, lowest)
         window = torch.where(keys & near[None, None], zero, lowest)
         return full, window
 
@@ -241,8 +243,12 @@ class ModernBertModel(nn.Module):
         hidden = self.embeddings(input_ids)
         full, window = self.masks(attention_mask, hidden.dtype)
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        ropes: dict[float, tuple[Tensor, Tensor]] = {}  # cos and sin, once a base
         for i, layer in enumerate(self.layers):
-            hidden = layer(hidden, full if self.config.is_global(i) else window, positions)
+            base = self.config.rope_base(i)
+            if base not in ropes:
+                ropes[base] = rotary(positions, self.config.head_dim, base)
+            hidden = layer(hidden, full if self.config.is_global(i) else window, ropes[base])
         return self.final_norm(hidden)
 
 
