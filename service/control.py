@@ -272,7 +272,7 @@ class ModelControl:
                 self.statuses[name] = dataclasses.replace(
                     status or Status("ready", loaded.version), state="ready", reason=None
                 )
-            generation = self._publish(name, self.state.models[name].version)
+            generation = await self._publish(name, self.state.models[name].version)
         return await self._agreed(name, generation)
 
     async def unload(self, name: str) -> dict[str, Any]:
@@ -288,7 +288,7 @@ class ModelControl:
                     )
             else:
                 await self._unload_here(name)
-            generation = self._publish(name, None)
+            generation = await self._publish(name, None)
         return await self._agreed(name, generation)
 
     async def on_demand(self, name: str) -> None:
@@ -338,13 +338,18 @@ class ModelControl:
             with contextlib.suppress(NotFound):  # unloaded meanwhile
                 await self.unload(coldest.name)
 
-    def _publish(self, name: str, version: str | None) -> int:
-        """The change (`name` now at `version`; None: unloaded) onto the wanted set."""
+    async def _publish(self, name: str, version: str | None) -> int:
+        """The change (`name` now at `version`; None: unloaded) onto the wanted set, then
+        whatever another worker published meanwhile (between this worker's follow and its
+        change) followed here: this worker's table is the new set when it reports it."""
         generation = self.board.publish(
             name, version, {n: m.version for n, m in self.state.models.items()}
         )
-        self.reached = max(self.reached, generation)
-        self.board.report(self.reached, self.statuses)
+        if generation == self.reached + 1:  # nothing else since: the set is this table
+            self.reached = generation
+            self.board.report(self.reached, self.statuses)
+        else:
+            await self._follow()
         return generation
 
     async def _agreed(self, name: str, generation: int) -> dict[str, Any]:

@@ -450,10 +450,17 @@ class Supervisor:
         for process in self.workers:
             if process is not None:
                 process.join(max(0.0, deadline - time.monotonic()))
-        # A successor still starting when the signal came ends by it, having served nothing.
-        codes = [p.exitcode for i, p in enumerate(self.workers) if p is not None and self.served[i]]
-        log.info("workers exited with %s", codes)
-        return 0 if all(code == 0 for code in codes) else 1
+        # A successor still starting when the signal came ends by it, having served nothing; so
+        # may a retired worker (replaced for its memory) still exiting when it came, its
+        # connections already finished.
+        ended = [
+            (p.exitcode, not self.shared.counted[i])
+            for i, p in enumerate(self.workers)
+            if p is not None and self.served[i]
+        ]
+        log.info("workers exited with %s", [code for code, _ in ended])
+        fine = [code == 0 or (code == -signal.SIGTERM and retired) for code, retired in ended]
+        return 0 if all(fine) else 1
 
 
 def lost_requests_counter() -> Any:
