@@ -109,13 +109,22 @@ def usage() -> str:
 def _runner(command: Command, name: str) -> Callable[..., int | None]:
     if name == "bench" and Path("bench", "__main__.py").is_file():
         sys.path.insert(0, os.getcwd())  # bench/ is a checkout's, not installed: run from its root
+    where = "a source checkout (bench/ is not installed)" if name == "bench" else None
+    hint = where or f"pip install -c constraints.txt 'bertserve[{command.extra}]'"
     try:
         module = importlib.import_module(command.module)
     except ModuleNotFoundError as exc:
-        where = "a source checkout (bench/ is not installed)" if name == "bench" else None
-        hint = where or f"pip install 'bertserve[{command.extra}]'"
         raise SystemExit(f"error: bertserve {name} needs {exc.name!r}: {hint}") from None
-    return module.main
+
+    def run(*args: object, **kwargs: object) -> int | None:
+        try:  # the commands import torch where they need it, not at the top
+            return module.main(*args, **kwargs)
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").partition(".")[0] in ("bertserve", "bench"):
+                raise
+            raise SystemExit(f"error: bertserve {name} needs {exc.name!r}: {hint}") from None
+
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:

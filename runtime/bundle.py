@@ -220,5 +220,6 @@ def check_model_file(directory: str | Path, spec: BundleSpec) -> None:
     if digest.hexdigest() != spec.model_sha256:
         raise BundleError(
             f"{path}: sha256 {digest.hexdigest()[:12]}... is not the {spec.model_sha256[:12]}... "
-            f"that {BUNDLE_FILE} records: the file was changed or replaced; re-export it"
+            f"that {BUNDLE_FILE} records: the file was changed or replaced (or a copy of the "
+            "bundle is not complete yet); re-export it, or finish the copy"
         )

@@ -11,13 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bertserve.runtime.batching import Activity
+from bertserve.runtime.bundle import BundleError, load_bundle_spec
 from bertserve.runtime.engine import Engine
 from bertserve.service.admission import Admission
 from bertserve.service.control import ModelControl
 from bertserve.service.http.auth import PUBLIC_PATHS
 from bertserve.service.http.errors import NotFound, NotLoaded, NotReady, RequestError
 from bertserve.service.metrics import Metrics
-from bertserve.service.models import Model, defaults, serving
+from bertserve.service.models import NAME, Model, defaults, serving
 from bertserve.service.process.memory import Trimmer
 from bertserve.service.settings import Settings
 from bertserve.service.warmup import warm_up
@@ -233,6 +234,17 @@ class ServiceState:
         """Every serving process of this port is ready (one process: this one)."""
         return self.ready_here and self.peers_ready()
 
+    def held(self, name: str) -> list[str] | None:
+        """With explicit model control, the tasks of the repository's bundle `name` (None: no
+        such bundle, or static control): what a 404 for a model not loaded says."""
+        directory = self.settings.bundles / name
+        if self.settings.model_control != "explicit" or not NAME.fullmatch(name):
+            return None
+        try:
+            return load_bundle_spec(directory).tasks
+        except BundleError:
+            return None
+
     def model_for(self, task: str, name: str | None) -> Model:
         # Draining is the gate's to refuse (service.admission): a request it admitted before
         # the signal, whose body arrived after, is served like any other.
@@ -243,8 +255,13 @@ class ServiceState:
             if model is None or task not in model.spec.tasks:
                 serving = [m.name for m in self.models.values() if task in m.spec.tasks]
                 if model is None:
-                    held = (self.settings.bundles / name / "bundle.json").is_file()
-                    if held and self.settings.model_control == "explicit":
+                    held = self.held(name)
+                    if held is not None and task not in held:
+                        raise NotFound(
+                            f"model {name!r} (in the repository, not loaded) has no {task} "
+                            f"head: it serves {', '.join(held)}; models for {task}: {serving}"
+                        )
+                    if held is not None:
                         raise NotLoaded(
                             f"model {name!r} is not loaded (the repository holds it: POST "
                             f"/models/{name}/load with an admin key); models for {task}: "

@@ -127,3 +127,19 @@ def test_ready_text_for_people():
     assert "  classify  sst2-minilm (default), sst2-tiny (?model=NAME)" in text
     assert "  qa        squad-minilm (default)" in text
     assert "  try       curl -s http://127.0.0.1:8000/classify" in text
+
+
+def test_a_missing_extra_met_inside_a_command_is_one_line(monkeypatch):
+    """The commands import torch where they need it: a serving install (no torch) running
+    `bertserve export` gets the extra to install, not a traceback."""
+    import bertserve.export.__main__ as export_main
+
+    def needs_torch(*args, **kwargs):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setattr(export_main, "main", needs_torch)
+    with pytest.raises(SystemExit) as stopped:
+        main(["export", "--checkpoint", "x", "--task", "classify", "--out", "y"])
+    assert str(stopped.value) == (
+        "error: bertserve export needs 'torch': pip install -c constraints.txt 'bertserve[train]'"
+    )

@@ -55,7 +55,8 @@ def check_admin(
     while no admin key is set (the API is off); anything else a 401."""
     if not admin_keys:
         raise Forbidden(
-            "the model management API is off: start the service with BERTSERVE_ADMIN_KEYS"
+            "the model management API is off: start the service with "
+            "BERTSERVE_MODEL_CONTROL=explicit and BERTSERVE_ADMIN_KEYS"
         )
     if authorized(admin_keys, given):
         return

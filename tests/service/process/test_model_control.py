@@ -214,6 +214,9 @@ def test_the_management_api_asks_for_an_admin_key(managed):
 
 def test_management_refuses_in_one_line(managed, repo):
     with managed.client() as c:
+        # A repository model that is not loaded and would not serve the route either: says so.
+        wrong = c.post("/ner?model=b", json={"inputs": "Paris"}, headers=AS_USER)
+        assert wrong.status_code == 404 and "has no ner head" in wrong.json()["error"]
         unknown = c.post("/models/zz/load", headers=AS_ADMIN)
         assert unknown.status_code == 404 and "['a', 'b']" in unknown.json()["error"]
         assert c.post("/models/..a/load", headers=AS_ADMIN).status_code == 404
