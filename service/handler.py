@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from bertserve.runtime.batching import Row, RowResult, gather, lower_priority
 from bertserve.runtime.tasks import Task
-from bertserve.runtime.tasks.common import checkpoint, deadline_check, unwatch, watch
+from bertserve.runtime.tasks.common import ROUTE, checkpoint, deadline_check, unwatch, watch
 from bertserve.service.http.asgi import Gone
 from bertserve.service.http.errors import (
     InvalidInput,
@@ -59,9 +59,11 @@ async def handle(
     settings = state.settings
     gone = disconnected.done if isinstance(disconnected, asyncio.Future) else lambda: False
     token = watch(deadline_check(time.monotonic() + settings.request_timeout_s, gone))
+    route = ROUTE.set(task.path)  # a 413 for an over-long input speaks this route's syntax
     try:
         return await _handle(state, task, body, model_name, stats, disconnected, client, slot)
     finally:
+        ROUTE.reset(route)
         unwatch(token)
 
 

@@ -366,11 +366,23 @@ class TaskContext:
         return frame
 
     def too_long(self, tokens: int, qualifier: str = "") -> TooLarge:
+        """The 413 of an input over the window, with the ways out in the syntax of the route
+        that is answering (`ROUTE`, set by the service's handler)."""
+        ways = WAYS_OUT.get(ROUTE.get())
+        if ways is None:
+            out = (
+                'ask for truncation ("parameters": {"truncation": true}; "truncate": true on '
+                '/embed, /similarity and /rerank), or for chunks ("long_input": "chunk"; in '
+                '"parameters" on /classify and /similarity)'
+            )
+        else:
+            truncate, chunk = ways
+            out = f"ask for truncation ({truncate})" + (
+                f" or for chunks ({chunk})" if chunk else ""
+            )
         return TooLarge(
             f"input is {qualifier}{tokens} tokens; the model takes {self.max_len}. "
-            'Shorten it, ask for truncation ("parameters": {"truncation": true}; '
-            '"truncate": true on /embed, /similarity and /rerank), or for chunks '
-            '("long_input": "chunk"; in "parameters" on /classify and /similarity)'
+            f"Shorten it, {out}"
         )
 
 
@@ -401,6 +413,19 @@ def longest_first(first: int, second: int, budget: int) -> tuple[int, int]:
 
 # The running request's check (`checkpoint`): set by the handler, copied into the worker thread
 # that prepares or finishes a large request, absent in evaluation.
+# The route answering the request (its task's path), set by the service's handler: what a 413
+# for an over-long input names as the way out (TaskContext.too_long).
+ROUTE: contextvars.ContextVar[str | None] = contextvars.ContextVar("route", default=None)
+_PARAMETERS_TRUNCATION = '"parameters": {"truncation": true}'
+WAYS_OUT: dict[str | None, tuple[str, str | None]] = {
+    "/classify": (_PARAMETERS_TRUNCATION, '"parameters": {"long_input": "chunk"}'),
+    "/fill-mask": (_PARAMETERS_TRUNCATION, None),
+    "/nsp": (_PARAMETERS_TRUNCATION, None),
+    "/embed": ('"truncate": true', '"long_input": "chunk"'),
+    "/v1/embeddings": ('"truncate": true', '"long_input": "chunk"'),
+    "/similarity": ('"parameters": {"truncate": true}', '"parameters": {"long_input": "chunk"}'),
+    "/rerank": ('"truncate": true', '"long_input": "chunk"'),
+}
 _CHECK: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
     "bertserve_request_check", default=None
 )

@@ -252,3 +252,33 @@ def test_jina_late_chunking_pools_each_input_with_the_others_around_it(server, t
     assert (vectors * unit(expected)).sum(-1).min() >= 0.999
     alone = unit([d["embedding"] for d in early["data"]])
     assert (vectors * alone).sum(-1)[1] < 0.98  # "Its" now knows it is Berlin's
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "ways"),
+    [
+        ("/embed", {"inputs": DOCUMENT}, ['("truncate": true)', '("long_input": "chunk")']),
+        (
+            "/v1/embeddings",
+            {"input": DOCUMENT, "model": EMBED},
+            ['("truncate": true)', '("long_input": "chunk")'],
+        ),
+        (
+            "/similarity",
+            {"inputs": {"source_sentence": "short", "sentences": [DOCUMENT]}},
+            ['("parameters": {"truncate": true})', '("parameters": {"long_input": "chunk"})'],
+        ),
+        (
+            "/classify",
+            {"inputs": DOCUMENT},
+            ['("parameters": {"truncation": true})', '("parameters": {"long_input": "chunk"})'],
+        ),
+    ],
+)
+def test_an_over_long_input_is_told_the_way_out_in_its_routes_syntax(server, path, body, ways):
+    with server.client() as c:
+        refused = c.post(path, json=body)
+    assert refused.status_code == 413
+    message = refused.text
+    assert all(way.replace('"', '\\"') in message for way in ways), message
+    assert message.count('\\"truncat') == 1, message  # one way to truncate: this route's
