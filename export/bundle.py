@@ -49,6 +49,7 @@ from bertserve.model.checkpoint import (
     sha256,
     weights_path,
 )
+from bertserve.model.families import OWN_MODEL_TYPES
 from bertserve.model.heads import BertPreTrainedModel
 from bertserve.model.sources import read_provenance, read_soup, resolve_init
 from bertserve.model.tokenizer import BertTokenizer
@@ -222,7 +223,7 @@ def build_bundle(
             f"model's {config.vocab_size} embeddings"
         )
     arch = config.architectures[0] if config.architectures else None
-    if config.model_type in ("modernbert", "deberta-v2"):  # encoders of their own
+    if config.model_type in OWN_MODEL_TYPES:
         tasks = own_tasks(tasks, arch)
     else:
         keys = set(read_state_dict(checkpoint, config, arch or "BertModel"))

@@ -72,19 +72,12 @@ def sha256(path: str | Path) -> str:
 
 
 def read_config(directory: str | Path) -> Any:
-    """The checkpoint's config: a BertConfig, or for ModernBERT its own (model/modernbert.py)."""
+    """The checkpoint's config: a BertConfig, or an encoder of its own's (OWN_MODEL_TYPES)."""
     path = Path(directory) / CONFIG_NAME
     if not path.is_file():
         raise CheckpointError(f"{directory} has no {CONFIG_NAME}")
-    if model_type(path) == "modernbert":
-        from bertserve.model.modernbert import ModernBertConfig
-
-        return ModernBertConfig.from_json_file(path)
-    if model_type(path) == "deberta-v2":
-        from bertserve.model.deberta import DebertaV2Config
-
-        return DebertaV2Config.from_json_file(path)
-    return BertConfig.from_json_file(path)
+    own = own_encoder(model_type(path))
+    return own[0].from_json_file(path) if own else BertConfig.from_json_file(path)
 
 
 def model_type(config_path: Path) -> str | None:
@@ -92,6 +85,19 @@ def model_type(config_path: Path) -> str | None:
         return json.loads(config_path.read_text()).get("model_type")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def own_encoder(kind: str | None) -> tuple[Any, Any] | None:
+    """The config class and loader of an encoder of its own (OWN_MODEL_TYPES), else None."""
+    if kind == "modernbert":
+        from bertserve.model import modernbert
+
+        return modernbert.ModernBertConfig, modernbert.load_modernbert
+    if kind == "deberta-v2":
+        from bertserve.model import deberta
+
+        return deberta.DebertaV2Config, deberta.load_deberta
+    return None
 
 
 def read_state_dict(
@@ -158,17 +164,13 @@ def load_model(
     `overrides` change the config (labels, dropout) before the model is built; `weights=False`
     keeps BERT's random initialisation (the no-pre-training baseline) with the same shape."""
     config = read_config(directory)
-    if config.model_type in ("modernbert", "deberta-v2"):  # encoders of their own modules and
-        # names (model/modernbert.py, model/deberta.py)
-        from bertserve.model.deberta import load_deberta
-        from bertserve.model.modernbert import load_modernbert
-
+    own = own_encoder(config.model_type)
+    if own is not None:
         if overrides or not weights:
             raise CheckpointError(
                 f"{config.model_type} checkpoints load for export and serving only"
             )
-        loader = load_modernbert if config.model_type == "modernbert" else load_deberta
-        return loader(directory, head)  # type: ignore[return-value]
+        return own[1](directory, head)
     cls = head_class(config, head)
     state = read_state_dict(directory, config, cls.architecture) if weights else {}
     classifier = state.get("classifier.weight")

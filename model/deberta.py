@@ -404,7 +404,11 @@ class DebertaV2PreTrainedModel(nn.Module):
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
     ) -> Any:
-        return self.encode(input_ids, attention_mask, token_type_ids)  # (B, S, H)
+        return self.head(self.encode(input_ids, attention_mask, token_type_ids))
+
+    def head(self, hidden: Tensor) -> Any:
+        """The head on the final states (B, S, H); the bare encoder answers them."""
+        return hidden
 
 
 class PredictionTransform(nn.Module):
@@ -482,13 +486,7 @@ class DebertaV2ForSequenceClassification(DebertaV2PreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
-    ) -> Tensor:
-        hidden = self.encode(input_ids, attention_mask, token_type_ids)
+    def head(self, hidden: Tensor) -> Tensor:
         return self.classifier(self.dropout(self.pooler(hidden)))
 
 
@@ -500,13 +498,7 @@ class DebertaV2ForTokenClassification(DebertaV2PreTrainedModel):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
-    def forward(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
-    ) -> Tensor:
-        hidden = self.encode(input_ids, attention_mask, token_type_ids)
+    def head(self, hidden: Tensor) -> Tensor:
         return self.classifier(self.dropout(hidden))
 
 
@@ -517,14 +509,8 @@ class DebertaV2ForQuestionAnswering(DebertaV2PreTrainedModel):
         super().__init__(config)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
 
-    def forward(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        logits = self.qa_outputs(self.encode(input_ids, attention_mask, token_type_ids))
-        start, end = logits.unbind(-1)
+    def head(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
+        start, end = self.qa_outputs(hidden).unbind(-1)
         return start, end
 
 

@@ -202,13 +202,18 @@ DISTILBERT_KEYS = {
 }
 
 
+# Encoders of their own modules and names, not variants of model/bert.py (model/modernbert.py,
+# model/deberta.py): model/checkpoint.py loads them apart.
+OWN_MODEL_TYPES = ("modernbert", "deberta-v2")
+
+
 def family(model_type: str) -> Family:
     if model_type not in FAMILIES:
-        raise ValueError(  # modernbert: model/modernbert.py, an encoder of its own
+        raise ValueError(
             f"config.json has model_type {model_type!r}; supported: "
-            f"{', '.join([*FAMILIES, 'modernbert', 'deberta-v2'])}"
+            f"{', '.join([*FAMILIES, *OWN_MODEL_TYPES])}"
         )
     return FAMILIES[model_type]
 
 
-__all__ = ["DISTILBERT_KEYS", "FAMILIES", "Family", "family"]
+__all__ = ["DISTILBERT_KEYS", "FAMILIES", "OWN_MODEL_TYPES", "Family", "family"]

@@ -51,6 +51,7 @@ from bertserve.service.models import (
     floor_mb,
     load_model,
     load_models,
+    model_info,
     repository,
 )
 from bertserve.service.process.memory import rss_mb
@@ -72,10 +73,22 @@ class Status:
     """A model's state in one worker, as GET /models shows it."""
 
     state: str  # loading, ready, unloading, failed
-    version: str = ""  # sha256 of its bundle.json (service.models.bundle_version)
+    version: str = ""  # service.models.bundle_version
     reason: str | None = None  # why it failed, one line
     load_s: float | None = None  # its last load's time, warm-up included
     memory_mb: float | None = None  # what that load added to this worker's resident memory
+
+
+def write(path: Path, data: dict[str, Any]) -> None:
+    """`data` as JSON at `path`, whole or not at all (a reader never sees half a file)."""
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(data))
+    temporary.replace(path)
+
+
+def one_line(exc: Exception) -> str:
+    """What a model's state says of a failure."""
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
 @dataclass
@@ -123,22 +136,15 @@ class Board:
                 models.pop(name, None)
             else:
                 models[name] = version
-            path = Path(self.directory, WANT)
-            temporary = path.with_suffix(".tmp")
-            data = {"generation": generation + 1, "models": models}
-            temporary.write_text(json.dumps(data))
-            temporary.replace(path)
+            write(Path(self.directory, WANT), {"generation": generation + 1, "models": models})
             self.generation.value = generation + 1
         return generation + 1
 
     def report(self, generation: int, statuses: dict[str, Status]) -> None:
         if not self.directory:
             return
-        path = Path(self.directory, f"report-{self.slot}.json")
-        temporary = path.with_suffix(".tmp")
         data = {"generation": generation, "models": {n: asdict(s) for n, s in statuses.items()}}
-        temporary.write_text(json.dumps(data))
-        temporary.replace(path)
+        write(Path(self.directory, f"report-{self.slot}.json"), data)
         self.reached[self.slot] = generation
 
     def behind(self, generation: int) -> list[int]:
@@ -204,7 +210,7 @@ class ModelControl:
                     state.engine_address,
                 )
             except Exception as exc:
-                reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                reason = one_line(exc)
                 self.statuses[name] = Status("failed", version, reason)
                 log.error("loading %s at start failed: %s", name, reason)
                 continue
@@ -227,8 +233,9 @@ class ModelControl:
 
     def warmed(self) -> None:
         """The start-up set is warm: report it, and follow the wanted set from now on (a change
-        while the warm-up walks the table would pull models from under it)."""
-        if self.board.directory:
+        while the warm-up walks the table would pull models from under it). Static control
+        never changes the set: nothing to watch."""
+        if self.board.directory and self.state.settings.model_control == "explicit":
             self.board.report(self.reached, self.statuses)
             self._watching = asyncio.create_task(self._watch(), name="model-control")
 
@@ -415,7 +422,7 @@ class ModelControl:
         except Exception as exc:  # a bad bundle, a warm-up that raised: the old one serves on
             if model is not None:
                 await model.batcher.stop()
-            reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            reason = one_line(exc)
             self.statuses[name] = (
                 Status("ready", old.version, f"replacement failed: {reason}")
                 if old is not None
@@ -447,8 +454,7 @@ class ModelControl:
 
     async def _unload_here(self, name: str) -> None:
         model = self.state.models.pop(name)
-        spec = model.spec
-        info = (name, ",".join(spec.tasks), spec.precision, model.engine.provider)
+        info = model_info(self.state.metrics, model.spec, model.engine.provider)
         self.statuses[name] = Status("unloading", model.version)
         self._changed()
         before = rss_mb()
@@ -459,7 +465,7 @@ class ModelControl:
         metrics = self.state.metrics
         metrics.model_loaded.labels(name).set(0)
         metrics.model_memory.labels(name).set(0)
-        metrics.model_info.labels(*info, str(spec.max_seq_len)).set(0)
+        info.set(0)
         metrics.model_events.labels(name, "unloaded").inc()
         log.info("unloaded %s, -%.0f MB", name, freed)
 

@@ -104,7 +104,8 @@ async def _handle(
             if not state.settings.model_memory_mb or attempt == 2:
                 raise
             await state.control.on_demand(missing.name)
-    model.used = time.monotonic()
+    if state.settings.model_memory_mb:  # what the budget's least-recently-used order reads
+        model.used = time.monotonic()
     model.users += 1  # a model replaced or unloaded meanwhile is retired once this is answered
     try:
         return await _serve(state, task, request, model, stats, disconnected, client, slot)

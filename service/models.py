@@ -10,6 +10,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bertserve.runtime.batching import Activity, Batcher
 from bertserve.runtime.bundle import (
@@ -52,7 +53,7 @@ class Model:
     ctx: TaskContext
     engine: Engine | RemoteBackend
     batcher: Batcher
-    version: str = ""  # the sha256 of its bundle.json, which holds its model file's sha256
+    version: str = ""  # bundle_version: its bundle.json's and tokenizer.json's sha256
     users: int = 0  # requests picked for it and not yet answered (service.handler)
     used: float = 0.0  # when a request last picked it (time.monotonic; service.control's LRU)
     memory_mb: float = 0.0  # what loading it added to the process's resident memory, at least
@@ -116,13 +117,7 @@ def load_model(
         1 if "mask_positions" in spec.inputs else None,  # until probe_slots says 0
         activity,
     )
-    metrics.model_info.labels(
-        spec.name,
-        ",".join(spec.tasks),
-        spec.precision,
-        engine.provider,
-        str(spec.max_seq_len),
-    ).set(1)
+    model_info(metrics, spec, engine.provider).set(1)
     log.info(
         "loaded %s (%s, %s) on %s",
         spec.name,
@@ -133,6 +128,14 @@ def load_model(
     model = Model(spec.name, spec, ctx, engine, batcher, version)
     model.memory_mb = floor_mb(directory, spec, rss_mb() - before)
     return model
+
+
+def model_info(metrics: Metrics, spec: BundleSpec, provider: str) -> Any:
+    """The model's series of bertserve_model_info: 1 while it is loaded, 0 once unloaded."""
+    tasks = ",".join(spec.tasks)
+    return metrics.model_info.labels(
+        spec.name, tasks, spec.precision, provider, str(spec.max_seq_len)
+    )
 
 
 def floor_mb(directory: Path, spec: BundleSpec, measured: float) -> float:

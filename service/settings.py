@@ -42,6 +42,12 @@ def available_cores(cgroup: Path = CGROUP) -> int:
     return max(1, cores or 1)
 
 
+def split_keys(*secrets: SecretStr | None) -> tuple[bytes, ...]:
+    """The comma-separated bearer tokens of `secrets`, together."""
+    joined = ",".join(s.get_secret_value() for s in secrets if s is not None)
+    return tuple(k.strip().encode() for k in joined.split(",") if k.strip())
+
+
 # The settings by concern, in the order `bertserve serve --help` and docs/api.md list them
 # (tests/service/test_settings.py: every field in exactly one group).
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -535,11 +541,7 @@ class Settings(BaseSettings):
 
     def admin_key_set(self) -> tuple[bytes, ...]:
         """The management API's keys (BERTSERVE_ADMIN_KEYS); empty: the API is off."""
-        if self.admin_keys is None:
-            return ()
-        return tuple(
-            k.strip().encode() for k in self.admin_keys.get_secret_value().split(",") if k.strip()
-        )
+        return split_keys(self.admin_keys)
 
     def start_models(self) -> tuple[str, ...] | None:
         """The bundle names loaded at start; None: every one (static control, or '*')."""
@@ -549,10 +551,7 @@ class Settings(BaseSettings):
 
     def keys(self) -> tuple[bytes, ...]:
         """Every accepted API key (BERTSERVE_API_KEY and BERTSERVE_API_KEYS together)."""
-        joined = ",".join(
-            s.get_secret_value() for s in (self.api_key, self.api_keys) if s is not None
-        )
-        return tuple(k.strip().encode() for k in joined.split(",") if k.strip())
+        return split_keys(self.api_key, self.api_keys)
 
     @functools.cached_property
     def request_limits(self) -> RequestLimits:

@@ -411,8 +411,6 @@ def longest_first(first: int, second: int, budget: int) -> tuple[int, int]:
     return (long_, short) if first > second else (short, long_)
 
 
-# The running request's check (`checkpoint`): set by the handler, copied into the worker thread
-# that prepares or finishes a large request, absent in evaluation.
 # The route answering the request (its task's path), set by the service's handler: what a 413
 # for an over-long input names as the way out (TaskContext.too_long).
 ROUTE: contextvars.ContextVar[str | None] = contextvars.ContextVar("route", default=None)
@@ -426,6 +424,8 @@ WAYS_OUT: dict[str | None, tuple[str, str | None]] = {
     "/similarity": ('"parameters": {"truncate": true}', '"parameters": {"long_input": "chunk"}'),
     "/rerank": ('"truncate": true', '"long_input": "chunk"'),
 }
+# The running request's check (`checkpoint`): set by the handler, copied into the worker thread
+# that prepares or finishes a large request, absent in evaluation.
 _CHECK: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
     "bertserve_request_check", default=None
 )
