@@ -15,8 +15,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-BASE_IMAGE=bertserve-debian:bookworm
-started_dockerd=""
 work=$(mktemp -d)
 
 skip() {
@@ -38,40 +36,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# --- 1. the engine -------------------------------------------------------------------------------
-command -v docker >/dev/null || skip "no docker client (apt-get install docker.io)"
-if ! docker info >/dev/null 2>&1; then
-    command -v dockerd >/dev/null || skip "no container engine (apt-get install docker.io)"
-    dockerd --host unix:///var/run/docker.sock >"$work/dockerd.log" 2>&1 &
-    started_dockerd=$!
-    for _ in $(seq 60); do
-        docker info >/dev/null 2>&1 && break
-        kill -0 "$started_dockerd" 2>/dev/null || break
-        sleep 0.5
-    done
-    docker info >/dev/null 2>&1 || skip "dockerd did not start: $(tail -1 "$work/dockerd.log")"
-fi
-echo "image-test: engine $(docker version --format '{{.Server.Version}}')"
-
-# --- 2. a base image from Debian -----------------------------------------------------------------
-if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
-    command -v debootstrap >/dev/null || skip "no debootstrap (apt-get install debootstrap)"
-    started=$(date +%s)
-    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm \
-        "$work/rootfs" http://deb.debian.org/debian >"$work/debootstrap.log" 2>&1 ||
-        { tail -20 "$work/debootstrap.log"; exit 1; }
-    tar -C "$work/rootfs" -c . | docker import - "$BASE_IMAGE" >/dev/null
-    rm -rf "$work/rootfs"
-    echo "image-test: base $BASE_IMAGE from debootstrap in $(($(date +%s) - started)) s"
-fi
-
-# --- 3. the CPU image ------------------------------------------------------------------------------
-# This host's CA bundle, for the build stage only (its egress may re-sign TLS).
-cp /etc/ssl/certs/ca-certificates.crt docker/build-ca/host-ca.crt
-started=$(date +%s)
-docker build -q -f docker/Dockerfile.cpu --build-arg BASE="$BASE_IMAGE" \
-    --build-arg PIP_CERT=/tmp/build-ca/host-ca.crt -t bertserve:cpu . >/dev/null
-echo "image-test: bertserve:cpu built in $(($(date +%s) - started)) s"
+# --- 1-3. the engine, a base image from Debian, the CPU image (tools/image-lib.sh) ------------------
+# shellcheck source=tools/image-lib.sh
+. tools/image-lib.sh
+PREFIX="image-test: "
+engine_up
+base_image
+build_cpu_image bertserve:cpu
 "$PY" tools/image_check.py image bertserve:cpu
 
 # --- 4. the compose stack with a live Prometheus ---------------------------------------------------
