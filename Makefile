@@ -11,7 +11,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: help check-python install install-serve test clients lock-clients lint format serve clean pretrained teacher \
-	lock finetune soup student-init student bundle embeddings pretrained-minilm pretrained-minilm-continue models bench reliability bench-minilm reliability-minilm image-test bench-families rerank
+	lock finetune soup student-init student bundle embeddings pretrained-minilm pretrained-minilm-continue models bench reliability bench-minilm reliability-minilm image-test bench-families rerank cluster-test
 
 help:
 	@echo "make test    lint and run the test suite (creates $(VENV) on first use)"
@@ -102,6 +102,13 @@ serve: $(SERVE_STAMP)
 # engine is started if none answers; without one it is skipped, never failed.
 image-test: $(STAMP)
 	PY=$(PY) bash tools/image-test.sh
+
+# docker/k8s on a one-node Kubernetes 1.20 built here from Debian's source package, under load:
+# rolling update, pod deletion, autoscaling, drain (tools/cluster/; docs/deploy.md#kubernetes).
+# Root; not in CI: about 5 min to build Kubernetes once (cached in /var/cache/bertserve-cluster),
+# then about 15 min a run; the cluster is torn down at the end. Writes docs/reports/cluster.md.
+cluster-test: $(STAMP)
+	PY=$(PY) bash tools/cluster/cluster-test.sh
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# `make cluster-test`: docker/k8s on a real one-node Kubernetes cluster, under load (not in CI:
+# root, about 5 minutes of building once and 15 minutes a run).
+#
+# 1. build.sh: Kubernetes 1.20 from Debian's source package, cached outside the repository;
+# 2. cluster.sh up: etcd, the control plane, containerd, kubelet, kube-proxy on this machine;
+# 3. images.sh: bertserve:cpu (and a second tag for the rolling update) and the pause image,
+#    imported into the cluster's containerd;
+# 4. run.py: the manifests applied (overlay.py), the scenarios under load, the report
+#    (docs/reports/cluster.md by default; REPORT=... elsewhere);
+# 5. always: Prometheus stopped, cluster.sh down, a dockerd this started stopped. The machine is
+#    left as it was, but for the apt packages (golang-go, etcd-server, containerd,
+#    containernetworking-plugins, conntrack) and the build cache.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+REPORT=${REPORT:-docs/reports/cluster.md}
+RUN=${BERTSERVE_CLUSTER_RUN:-/tmp/bertserve-cluster}
+export BERTSERVE_CLUSTER_RUN=$RUN
+
+[[ $(id -u) -eq 0 ]] || { echo "cluster-test: run as root (a kubelet, iptables, mounts)" >&2; exit 1; }
+export DEBIAN_FRONTEND=noninteractive
+need=()
+for pkg in etcd-server containerd runc containernetworking-plugins conntrack iptables openssl gcc libc6-dev docker.io debootstrap; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if ((${#need[@]})); then
+    echo "cluster-test: apt-get install ${need[*]}"
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+started_dockerd=""
+teardown() {
+    set +e
+    docker rm -f bertserve-cluster-prometheus >/dev/null 2>&1
+    [[ -f $RUN/pid/adapter ]] && kill "$(cat "$RUN/pid/adapter")" 2>/dev/null
+    tools/cluster/cluster.sh down
+    [[ -n $started_dockerd ]] && kill "$started_dockerd" 2>/dev/null
+}
+trap teardown EXIT
+
+tools/cluster/build.sh
+tools/cluster/cluster.sh up
+work=$(mktemp -d)
+skip() { echo "cluster-test: $*" >&2; exit 1; }
+PREFIX="cluster-test: "
+# shellcheck source=tools/image-lib.sh
+. tools/image-lib.sh
+engine_up
+base_image
+tools/cluster/images.sh
+# Prometheus as the compose stack builds it (Debian's package).
+docker image inspect bertserve-prometheus:debian >/dev/null 2>&1 ||
+    BERTSERVE_BASE=$BASE_IMAGE GRAFANA_ADMIN_PASSWORD=x docker-compose -f docker-compose.yml \
+        -f docker/compose.debian-prometheus.yml build -q prometheus >/dev/null
+rm -rf "$work"
+"$PY" tools/cluster/run.py --run "$RUN" --report "$REPORT"
