@@ -44,7 +44,7 @@ def test_overlay_changes_only_the_api_versions_and_the_test_nodes_cpu():
     assert by_kind["HorizontalPodAutoscaler"]["apiVersion"] == "autoscaling/v2beta2"
     assert by_kind["PodDisruptionBudget"]["apiVersion"] == "policy/v1beta1"
     c = by_kind["Deployment"]["spec"]["template"]["spec"]["containers"][0]
-    assert c["resources"]["requests"]["cpu"] == "400m" and c["resources"]["limits"]["cpu"] == "600m"
+    assert c["resources"]["requests"]["cpu"] == "250m" and c["resources"]["limits"]["cpu"] == "300m"
     assert {e["name"]: e.get("value") for e in c["env"]}["BERTSERVE_WORKERS"] == "1"
     # the memory the manifest asks for is kept
     src = next(d for d in source if d["kind"] == "Deployment")["spec"]["template"]["spec"]
