@@ -32,6 +32,12 @@ fi
 started_dockerd=""
 teardown() {
     set +e
+    # The run's record outlives the cluster: every request of each load, the adapter's reads,
+    # each component's log, result.json (runs/ is not committed).
+    if [[ -d $RUN/log ]]; then
+        rm -rf runs/cluster-test && mkdir -p runs/cluster-test
+        cp -r "$RUN/log" "$RUN"/*.json "$RUN"/*.jsonl runs/cluster-test/ 2>/dev/null
+    fi
     docker rm -f bertserve-cluster-prometheus >/dev/null 2>&1
     [[ -f $RUN/pid/adapter ]] && kill "$(cat "$RUN/pid/adapter")" 2>/dev/null
     tools/cluster/cluster.sh down
