@@ -12,7 +12,7 @@ The test node is one 2-core machine, where the manifests size a pod for a node o
   replica's capacity is bounded as a node's would be and the replicas the autoscaler adds bring
   capacity the machine has: without a limit two pods take both cores and a third adds nothing
   (with 600m, two replicas and the load generators already filled the machine, and the load's
-  p99 rose after a third came: 129 -> 150 ms).
+  p99 over the rest of the surge rose after a third came: 129 -> 150 ms).
 
     python tools/cluster/overlay.py > manifests.json      # kubectl apply -f manifests.json
 """
