@@ -105,7 +105,7 @@ image-test: $(STAMP)
 
 # docker/k8s on a one-node Kubernetes 1.20 built here from Debian's source package, under load:
 # rolling update, pod deletion, autoscaling, drain (tools/cluster/; docs/deploy.md#kubernetes).
-# Root; not in CI: about 5 min to build Kubernetes once (cached in /var/cache/bertserve-cluster),
+# Root; not in CI: about 4 min to build Kubernetes once (cached in /var/cache/bertserve-cluster),
 # then about 15 min a run; the cluster is torn down at the end. Writes docs/reports/cluster.md.
 cluster-test: $(STAMP)
 	PY=$(PY) bash tools/cluster/cluster-test.sh

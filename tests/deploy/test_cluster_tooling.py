@@ -95,7 +95,7 @@ def test_a_rule_under_another_name_does_not_serve_the_hpas_metric():
             "metricsQuery": "sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
         }
     )
-    assert rule.metric != "bertserve_queue_depth"
+    assert rule.metric == "queue_depth_per_pod"  # the adapter's ${1}, filled
     assert 'kubernetes_pod=~"p"' in rule.query("ns", ["p"])
 
 

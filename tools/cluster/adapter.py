@@ -2,10 +2,12 @@
 
 prometheus-adapter has no image or binary this machine can reach, so this stands in for it,
 doing what it does for the one rule docker/k8s/prometheus-adapter.yaml holds: it reads that
-rule from the cluster's ConfigMap (as the adapter reads its --config), and answers the
-autoscaler's `custom.metrics.k8s.io/v1beta1 .../namespaces/NS/pods/*/METRIC` by running the
-rule's metricsQuery against a real Prometheus, with the adapter's template filled the adapter's
-way (<<.Series>>, <<.LabelMatchers>>, <<.GroupBy>>). A rule whose seriesQuery matches no series,
+rule from the cluster's ConfigMap (as the adapter reads its --config), serves its metric only
+while the rule's seriesQuery finds series carrying the labels its overrides name (the adapter's
+discovery), and answers the autoscaler's
+`custom.metrics.k8s.io/v1beta1 .../namespaces/NS/pods/*/METRIC` by running the rule's
+metricsQuery against a real Prometheus, with the adapter's template filled the adapter's way
+(<<.Series>>, <<.LabelMatchers>>, <<.GroupBy>>). A rule whose seriesQuery matches no series,
 or whose name does not map to the HPA's metric, answers 404 exactly as the adapter would, and the
 autoscaler never scales: that is the failure this run exists to catch.
 
@@ -13,7 +15,8 @@ Served over TLS on the node (the APIService points at it through a selector-less
 every read is appended to READS (JSON lines) for the run's report. Debian's Prometheus has no
 Kubernetes service discovery, so this also writes TARGETS (file_sd) every 2 s: each running pod
 whose prometheus.io/scrape annotation is "true", at its address, prometheus.io/port and
-prometheus.io/path, labelled namespace and pod.
+prometheus.io/path, labelled namespace and pod: the names kube-prometheus' relabelling gives,
+so the rule is checked against those names, not against every way a Prometheus can be set up.
 
     python tools/cluster/adapter.py --pki RUN/pki --reads RUN/adapter-reads.jsonl \
         --targets RUN/prometheus/targets.json
@@ -57,10 +60,11 @@ class Rule:
         self.series_query = rule["seriesQuery"]
         self.metrics_query = rule["metricsQuery"]
         self.series = re.match(r"\s*([a-zA-Z_:][a-zA-Z0-9_:]*)", self.series_query).group(1)  # type: ignore[union-attr]
-        matches = rule.get("name", {}).get("matches", f"^{re.escape(self.series)}$")
-        self.metric = re.sub(
-            matches, rule.get("name", {}).get("as", "") or self.series, self.series
-        )
+        name = rule.get("name", {})
+        matches = name.get("matches", f"^{re.escape(self.series)}$")
+        # The adapter's `as` is a Go template of the match's groups: ${1} or $1 -> Python's \g<1>.
+        as_ = re.sub(r"\$\{?(\d+)\}?", r"\\g<\1>", name.get("as", "") or r"\g<0>")
+        self.metric = re.sub(matches, as_, self.series)
         overrides = rule.get("resources", {}).get("overrides", {})
         self.label_for = {v["resource"]: k for k, v in overrides.items()}
 
@@ -92,6 +96,15 @@ class Adapter:
 
         return [Rule(r) for r in yaml.safe_load(cm["data"]["config.yaml"])["rules"]]
 
+    def discovered(self, rule: Rule) -> bool:
+        """The adapter's discovery: a rule serves its metric only while its seriesQuery finds
+        series that carry the labels its resource overrides name."""
+        query = urllib.parse.urlencode({"match[]": rule.series_query})
+        with urllib.request.urlopen(f"{self.prometheus}/api/v1/series?{query}", timeout=5) as r:
+            series = json.load(r)["data"]
+        labels = (rule.label_for["namespace"], rule.label_for["pod"])
+        return any(all(label in s for label in labels) for s in series)
+
     def promql(self, query: str) -> list[dict[str, Any]]:
         url = f"{self.prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": query})
         with urllib.request.urlopen(url, timeout=5) as r:
@@ -101,7 +114,7 @@ class Adapter:
         self, namespace: str, pod: str, metric: str, selector: str
     ) -> list[dict[str, Any]] | None:
         rule = next((r for r in self.rules() if r.metric == metric), None)
-        if rule is None:
+        if rule is None or not self.discovered(rule):
             return None
         if pod == "*":
             q = "?labelSelector=" + urllib.parse.quote(selector) if selector else ""

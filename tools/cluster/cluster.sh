@@ -110,6 +110,13 @@ EOF
 up() {
     [[ $(id -u) -eq 0 ]] || { log "run as root"; exit 1; }
     [[ -e $RUN ]] && { log "$RUN exists: a cluster is up or was not torn down (cluster.sh down)"; exit 1; }
+    # What down removes (KUBE-* and CNI-* chains, cni-* namespaces) must be this cluster's own.
+    if iptables-save 2>/dev/null | grep -q '^:KUBE-' || ip netns list 2>/dev/null | grep -q '^cni-'; then
+        log "another Kubernetes or CNI runtime is active here (KUBE-* chains or cni-* namespaces)"
+        exit 1
+    fi
+    [[ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]] || modprobe br_netfilter 2>/dev/null ||
+        { log "the br_netfilter module is not loaded (modprobe br_netfilter)"; exit 1; }
     mkdir -p "$RUN"/{log,pid,cni,etcd,kubelet}
     local ip
     ip=$(node_ip)
@@ -119,10 +126,16 @@ up() {
 
     # Bridged pod traffic passes iptables (Services between pods on one bridge), forwarding on;
     # Docker's FORWARD policy is DROP, so the pod network is let through, and taken out at down.
-    for f in /proc/sys/net/bridge/bridge-nf-call-iptables /proc/sys/net/ipv4/ip_forward; do
-        echo "$f $(cat "$f")" >>"$RUN/sysctl.before"
-        echo 1 >"$f"
+    # The kernel settings this sets, the kubelet sets (panic on oops, overcommit, key quotas) and
+    # kube-proxy sets (route_localnet, conntrack): as they were, for down to put back.
+    for f in net/bridge/bridge-nf-call-iptables net/ipv4/ip_forward kernel/panic kernel/panic_on_oops \
+        vm/overcommit_memory kernel/keys/root_maxkeys kernel/keys/root_maxbytes \
+        net/ipv4/conf/all/route_localnet net/netfilter/nf_conntrack_max \
+        net/netfilter/nf_conntrack_tcp_timeout_established net/netfilter/nf_conntrack_tcp_timeout_close_wait; do
+        [[ -w /proc/sys/$f ]] && echo "/proc/sys/$f $(cat "/proc/sys/$f")" >>"$RUN/sysctl.before"
     done
+    echo 1 >/proc/sys/net/bridge/bridge-nf-call-iptables
+    echo 1 >/proc/sys/net/ipv4/ip_forward
     iptables -I FORWARD -s "$POD_CIDR" -m comment --comment bertserve-cluster -j ACCEPT
     iptables -I FORWARD -d "$POD_CIDR" -m comment --comment bertserve-cluster -j ACCEPT
 
@@ -254,9 +267,9 @@ down() {
     [[ -f $RUN/sysctl.before ]] && while read -r f v; do echo "$v" >"$f"; done <"$RUN/sysctl.before"
     grep " $RUN" /proc/mounts | awk '{print $2}' | sort -r | xargs -r -n1 umount -l 2>/dev/null
     for ns in $(ip netns list 2>/dev/null | awk '/^cni-/{print $1}'); do ip netns delete "$ns"; done
-    find /sys/fs/cgroup/*/kubepods -depth -type d -exec rmdir {} \; 2>/dev/null
+    find /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods* -depth -type d -exec rmdir {} \; 2>/dev/null
     rm -rf "$RUN"
-    log "down: processes stopped, iptables, bridge, mounts and $RUN removed"
+    log "down: processes stopped; iptables, bridge, mounts, cgroups, sysctls and $RUN as before"
 }
 
 case ${1:-} in

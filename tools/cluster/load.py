@@ -4,7 +4,7 @@ another on a keep-alive connection to the Service's address, for DURATION second
 
 One JSON line per request on stdout: [start (epoch s), milliseconds, outcome, reused]
 - outcome: the HTTP status, "conn" (the connection failed or closed before a whole response),
-  or "timeout" (no whole response in TIMEOUT seconds);
+  "timeout" (no whole response in TIMEOUT seconds), or "error:NAME" (anything else);
 - reused: the request went out on a connection an earlier request had used.
 A 503 counts as a refusal only with Retry-After; its line's outcome is then "503ra".
 Environment: TARGET (host:port), PATH_ (the route), BODY (JSON), API_KEY, CONCURRENCY,
@@ -83,7 +83,9 @@ async def client(deadline: float, out: list[str]) -> None:
             outcome = "timeout"
         except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
             outcome = "conn"
-        if outcome in ("timeout", "conn") and conn is not None:
+        except Exception as e:  # anything else is still a request, and a failed one
+            outcome = f"error:{type(e).__name__}"
+        if not isinstance(outcome, int) and outcome != "503ra" and conn is not None:
             conn[1].close()
             conn = None
         ms = (time.time() - start) * 1000
