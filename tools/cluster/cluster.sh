@@ -52,6 +52,7 @@ extendedKeyUsage=serverAuth"
 extendedKeyUsage=serverAuth"
     openssl genrsa -out "$d/sa.key" 2048 2>/dev/null
     openssl rsa -in "$d/sa.key" -pubout -out "$d/sa.pub" 2>/dev/null
+    : >"$KUBECONFIG"  # kubectl warns of a missing file, not of an empty one
     kubectl config set-cluster c --server=https://127.0.0.1:6443 \
         --certificate-authority="$d/ca.crt" --embed-certs >/dev/null
     kubectl config set-credentials admin --client-certificate="$d/admin.crt" \
@@ -190,6 +191,11 @@ readOnlyPort: 0
 serializeImagePulls: false
 # The load pods' logs are every request they made: rotated at 10 Mi by default.
 containerLogMaxSize: 500Mi
+# The test gives each replica a CPU limit of 300m (overlay.py). Enforced over the default 100 ms
+# CFS period, that is 30 ms of running and 70 ms stopped, and a pod's tail latency is the
+# stop, whatever its load; over 10 ms a replica behaves as a slower CPU, as a small node would.
+featureGates: {CustomCPUCFSQuotaPeriod: true}
+cpuCFSQuotaPeriod: 10ms
 # The images are imported, never pulled: never collect them.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
