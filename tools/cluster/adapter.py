@@ -37,6 +37,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 GROUP = "custom.metrics.k8s.io"
 VERSION = "v1beta1"
 CONFIGMAP = "/api/v1/namespaces/{ns}/configmaps/prometheus-adapter-bertserve"
@@ -92,8 +94,6 @@ class Adapter:
 
     def rules(self) -> list[Rule]:
         cm = self.cluster.get(CONFIGMAP.format(ns=self.namespace))
-        import yaml  # the test tooling's environment (.venv) has it
-
         return [Rule(r) for r in yaml.safe_load(cm["data"]["config.yaml"])["rules"]]
 
     def discovered(self, rule: Rule) -> bool:
