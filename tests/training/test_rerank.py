@@ -21,23 +21,25 @@ GOLD = "the king was born in paris"
 OTHERS = ["the dog and the fox were in london", "a dull movie , a bad film", "the queen is here"]
 
 
-def write_squad(root):
+def write_squad(root, gold=GOLD, answers=(), name="squad-v1.1"):
+    """Eight articles of the same four paragraphs, the questions asked of `gold`'s."""
     rng = random.Random(0)
     articles = []
+    marked = [{"text": a, "answer_start": 0} for a in answers]
     for a in range(8):
         order = [GOLD, *OTHERS]
         rng.shuffle(order)
         paragraphs = [
             {
                 "context": p,
-                "qas": [{"id": f"{a}-{q}", "question": q, "answers": []} for q in QUESTIONS]
-                if p == GOLD
+                "qas": [{"id": f"{a}-{q}", "question": q, "answers": marked} for q in QUESTIONS]
+                if p == gold
                 else [],
             }
             for p in order
         ]
         articles.append({"title": f"t{a}", "paragraphs": paragraphs})
-    squad = root / "squad-v1.1"
+    squad = root / name
     squad.mkdir()
     for name in ("train-v1.1.json", "dev-v1.1.json"):
         (squad / name).write_text(json.dumps({"data": articles}))
@@ -75,3 +77,83 @@ def test_rerank_trains_resumes_exports_and_evaluates(checkpoints, tmp_path, caps
     result = evaluate("rerank", tmp_path / "bundle", data)
     assert result["ranked_by"] == "cross-encoder (/rerank)" and result["questions"] == 16
     assert result["top1"] > 90  # the king's paragraph, now through the exported graph
+    assert result["top1_holds_answer"] == result["top1"]  # no answers marked in this data
+    # The same questions marked as the queen's, with an answer only the king's paragraph holds:
+    # ranked first, it is wrong by SQuAD's mark and right by what it holds.
+    marked = write_squad(tmp_path, gold=OTHERS[2], answers=["paris"], name="marked")
+    result = evaluate("rerank", tmp_path / "bundle", marked)
+    assert result["top1"] < 10 and result["top1_holds_answer"] > 90
+
+
+def test_mined_negatives_are_the_models_own_highest_ranked_without_answers(checkpoints):
+    """`mine` keeps, for each question, the paragraphs the model itself scores highest among
+    those drawn, best first, and never one that holds an answer (it may answer the question)."""
+    import torch
+
+    from bertserve.model.checkpoint import load_model
+    from bertserve.model.tokenizer import BertTokenizer
+    from bertserve.model.training.rerank import HEAD, Encoder, Question, RerankRecipe, mine, scores
+
+    source = checkpoints["BertForPreTraining"]
+    model = load_model(source, HEAD, id2label={0: "relevance"}, label2id=None).eval()
+    recipe = RerankRecipe(name="t", max_seq_len=32, mined_negatives=2, mine_pool=10)
+    encode = Encoder(BertTokenizer.load(source), recipe)
+    answer = "the king was born in paris , they say"  # holds the answer: never a negative
+    articles = [[GOLD, *OTHERS, answer, "a dull film in london", "the fox is a dog"]]
+    questions = [Question(q, 0, 0, ("paris",)) for q in QUESTIONS]
+    mined = mine(model, encode, questions, articles, recipe)
+    for q, negatives in zip(questions, mined, strict=True):
+        others = [i for i in range(1, len(articles[0])) if articles[0][i] != answer]
+        with torch.no_grad():
+            s = scores(model, encode([(q.text, articles[0][i]) for i in others]))
+        expected = [others[i] for i in torch.argsort(s, descending=True, stable=True)[:2]]
+        assert negatives == expected
+        assert articles[0].index(answer) not in negatives
+
+
+def test_mined_run_selects_from_the_start_and_reuses_its_mining(checkpoints, tmp_path, capsys):
+    """With mined negatives the run mines once, before its first step, into OUT/mined.json; a
+    resumed run reads it back; a changed setting with a trained model in OUT/last is refused
+    (mining again would use the trained model, not the starting one). `eval_at_start` makes the
+    starting model a candidate: a step-0 evaluation is recorded and a best model saved."""
+    data = write_squad(tmp_path)
+    body = (
+        "max_seq_len = 32\ngroups = 2\nnegatives = 3\nmined_negatives = 2\nmine_pool = 3\n"
+        "steps = 6\nlr = 5e-3\neval_every = 3\ncheckpoint_every = 3\nheld_out_articles = 2\n"
+        "eval_questions = 4\ncandidates = 4\neval_at_start = true\nselection = 'top1+mrr10'\n"
+        "threads = 1\n"
+    )
+    recipe = tmp_path / "mined.toml"
+    recipe.write_text(body)
+    out = tmp_path / "mined"
+    args = ["rerank", "--init", str(checkpoints["BertForPreTraining"]), "--data", str(data)]
+    args += ["--out", str(out), "--recipe", str(recipe)]
+    assert main([*args, "--stop-after", "3"]) == 0
+    capsys.readouterr()
+    mined = json.loads((out / "mined.json").read_text())
+    assert len(mined["negatives"]) == 6 * 2  # every question the run will visit
+    assert all(len(n) == 2 for n in mined["negatives"])  # 3 others, none holds an answer here
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 3]
+    assert (out / "model.safetensors").is_file()
+    stamp = (out / "mined.json").stat().st_mtime_ns
+    assert main(args) == 0  # resumes at step 3 with the same negatives
+    assert json.loads(capsys.readouterr().out)["steps"] == 6
+    assert (out / "mined.json").stat().st_mtime_ns == stamp
+    recipe.write_text(body.replace("mine_pool = 3", "mine_pool = 2"))
+    assert main(args) == 2
+    assert "mined with other settings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [("selection = 'mrr'", "selection is 'top1' or 'top1+mrr10'"), ("mined_negatives = 4", "0..")],
+)
+def test_a_recipe_it_cannot_follow_is_refused_in_one_line(tmp_path, capsys, setting, message):
+    data = write_squad(tmp_path)
+    recipe = tmp_path / "bad.toml"
+    recipe.write_text(f"negatives = 3\n{setting}\n")
+    args = ["rerank", "--init", str(tmp_path / "none"), "--data", str(data)]
+    assert main([*args, "--out", str(tmp_path / "out"), "--recipe", str(recipe)]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # refused before anything is loaded or written
