@@ -157,7 +157,22 @@ def test_qa_with_windows(server, checkpoints, family):
                 "parameters": params | fixed,
             }
             theirs = plain(reference(question=question, context=context, **params, **fixed))
-            assert_same(post(server, "/qa", f"{family}-qa", body), theirs)
+            assert_same_answers(post(server, "/qa", f"{family}-qa", body), theirs, context)
+
+
+def assert_same_answers(ours, theirs, context):
+    """As assert_same, except that an answer may be another occurrence of the same text with the
+    same score: CONTEXT repeats one sentence, and a family with relative positions only
+    (DeBERTa-v2) scores the repeats alike, so which of them comes first is float noise (it
+    differed under load). Each of our spans must still be the text it points at."""
+    ours, theirs = (x if isinstance(x, list) else [x] for x in (ours, theirs))
+    assert len(ours) == len(theirs), f"{ours} != {theirs}"
+    for a, b in zip(ours, theirs, strict=True):
+        assert context[a["start"] : a["end"]] == a["answer"]
+        if (a["start"], a["end"]) != (b["start"], b["end"]):
+            assert a["answer"] == b["answer"], f"{a} != {b}"
+            a = {**a, "start": b["start"], "end": b["end"]}
+        assert_same(a, b)
 
 
 DOCS = ["Paris is the first city of France.", "The film was good.", "A dull movie, a bad year"]
