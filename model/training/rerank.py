@@ -24,6 +24,7 @@ steps; the same command continues from it. `OUT` holds the best checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import sys
@@ -49,6 +50,7 @@ from bertserve.model.training.loop import (
     save_training_state,
     warmup_linear_decay,
 )
+from bertserve.model.training.metrics import normalize_answer
 from bertserve.model.training.recipe import FlatRecipe
 
 log = logging.getLogger(__name__)
@@ -106,6 +108,14 @@ def read_articles(path: Path) -> tuple[list[list[str]], list[Question]]:
     return articles, questions
 
 
+def holds_answer(paragraph: str, answers: tuple[str, ...]) -> bool:
+    """Whether `paragraph` holds one of `answers` as whole words, both normalised as SQuAD's
+    scoring does (lower case; punctuation, articles and extra spaces dropped): "red" is not in
+    "covered", "Levi's Stadium." is in "at levis stadium in"."""
+    text = f" {normalize_answer(paragraph)} "
+    return any(f" {a} " in text for a in map(normalize_answer, answers) if a)
+
+
 def candidates(
     question: Question, articles: list[list[str]], count: int, rng: np.random.Generator
 ) -> list[int]:
@@ -150,6 +160,28 @@ def scores(
         return model(**batch).logits[:, 0].float()
 
 
+def group_paragraphs(
+    q: Question,
+    articles: list[list[str]],
+    negatives: int,
+    rng: np.random.Generator,
+    mined: list[int] | None = None,
+) -> list[int]:
+    """A question's training group: its gold paragraph, then up to `negatives` others of its
+    article drawn at random. With `mined` (its mined negatives, possibly fewer than
+    `negatives`), those come first and the draw only fills the rest, leaving out paragraphs that
+    hold an answer as the mining did."""
+    picked = candidates(q, articles, negatives + 1, rng)
+    if mined is None:
+        return picked
+    rest = [
+        i
+        for i in picked[1:]
+        if i not in mined and not holds_answer(articles[q.article][i], q.answers)
+    ]
+    return [q.gold, *mined, *rest][: negatives + 1]
+
+
 @torch.no_grad()
 def mine(
     model: torch.nn.Module,
@@ -166,7 +198,7 @@ def mine(
     mined: list[list[int]] = []
     for q in tqdm(questions, desc="mining negatives", dynamic_ncols=True):
         others = candidates(q, articles, recipe.mine_pool + 1, rng)[1:]
-        others = [i for i in others if not any(a in articles[q.article][i] for a in q.answers)]
+        others = [i for i in others if not holds_answer(articles[q.article][i], q.answers)]
         if not others:
             mined.append([])
             continue
@@ -193,7 +225,8 @@ def ranking_metrics(
     for q in questions:
         picked = candidates(q, articles, count, rng)
         s = scores(model, encode([(q.text, articles[q.article][i]) for i in picked]), bf16)
-        rank = int((s > s[0]).sum().item()) + 1  # the gold one is first
+        # the gold one is first; a tie counts against it (bfloat16 rounds close scores together)
+        rank = int((s[1:] >= s[0]).sum().item()) + 1
         top1 += rank == 1
         reciprocal += 1.0 / rank if rank <= 10 else 0.0
     return {"top1": 100.0 * top1 / len(questions), "mrr10": reciprocal / len(questions)}
@@ -205,6 +238,7 @@ def mined_negatives(
     visits: list[Question],
     articles: list[list[str]],
     recipe: RerankRecipe,
+    init: str,
     out: Path,
 ) -> list[list[int]]:
     """The mined negatives of each question the run visits, in visiting order (empty without
@@ -213,13 +247,22 @@ def mined_negatives(
     if not recipe.mined_negatives:
         return []
     path = out / "mined.json"
+    # What the negatives depend on: the starting model, the questions visited (which the data,
+    # the held-out cut and the seed choose) and how they were scored.
+    visited = hashlib.sha256(
+        json.dumps([(q.article, q.gold, q.text) for q in visits]).encode()
+    ).hexdigest()
     settings = {
-        k: getattr(recipe, k)
-        for k in ("seed", "steps", "groups", "mined_negatives", "mine_pool", "max_seq_len")
+        "init": init,
+        "visited": visited,
+        **{
+            k: getattr(recipe, k)
+            for k in ("mined_negatives", "mine_pool", "max_seq_len", "bf16", "seed")
+        },
     }
     if path.is_file():
         saved = json.loads(path.read_text())
-        if saved["settings"] == settings:
+        if saved["settings"] == settings and len(saved["negatives"]) == len(visits):
             return [list(m) for m in saved["negatives"]]
     if (out / "last" / "trainer_state.pt").is_file():
         raise ValueError(
@@ -228,7 +271,9 @@ def mined_negatives(
         )
     negatives = mine(model, encode, visits, articles, recipe)
     model.train()
-    path.write_text(json.dumps({"settings": settings, "negatives": negatives}) + "\n")
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps({"settings": settings, "negatives": negatives}) + "\n")
+    partial.replace(path)  # whole or not at all: a run stopped while writing mines again
     return negatives
 
 
@@ -260,8 +305,12 @@ def train_rerank(
         : recipe.eval_questions
     ]
     encode = Encoder(tok, recipe)
-
+    # The order of questions is fixed by the seed; a resumed run continues where it stopped.
+    order = np.random.default_rng(recipe.seed).permutation(len(train))
+    visits = [train[order[k % len(train)]] for k in range(recipe.steps * recipe.groups)]
+    started = time.time()
     out.mkdir(parents=True, exist_ok=True)
+    mined = mined_negatives(model, encode, visits, articles, recipe, init, out)
     (out / "recipe.json").write_text(
         json.dumps(
             dataclasses.asdict(recipe) | {"init": init, "train_questions": len(train)}, indent=2
@@ -282,11 +331,6 @@ def train_rerank(
         log.info("resumed at step %d (best top-1 %.1f)", step, best)
     else:
         metrics.path.write_text("")
-    # The order of questions is fixed by the seed; a resumed run continues where it stopped.
-    order = np.random.default_rng(recipe.seed).permutation(len(train))
-    visits = [order[k % len(train)] for k in range(recipe.steps * recipe.groups)]
-    mined = mined_negatives(model, encode, [train[i] for i in visits], articles, recipe, out)
-    started = time.time()
 
     def select(step: int) -> None:
         nonlocal best, best_mrr
@@ -317,16 +361,11 @@ def train_rerank(
     model.train()
     while step < end:
         rng = np.random.default_rng([recipe.seed, step])
-        group = [
-            train[order[(step * recipe.groups + g) % len(train)]] for g in range(recipe.groups)
-        ]
+        group = visits[step * recipe.groups : (step + 1) * recipe.groups]
         pairs, sizes = [], []
         for g, q in enumerate(group):
-            picked = candidates(q, articles, recipe.negatives + 1, rng)
-            if mined:  # the mined ones first, then the random draw's others
-                hard = mined[step * recipe.groups + g]
-                rest = [i for i in picked[1:] if i not in hard]
-                picked = [q.gold, *hard, *rest][: recipe.negatives + 1]
+            hard = mined[step * recipe.groups + g] if mined else None
+            picked = group_paragraphs(q, articles, recipe.negatives, rng, hard)
             pairs += [(q.text, articles[q.article][i]) for i in picked]
             sizes.append(len(picked))
         s = scores(model, encode(pairs), recipe.bf16)

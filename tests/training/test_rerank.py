@@ -85,6 +85,16 @@ def test_rerank_trains_resumes_exports_and_evaluates(checkpoints, tmp_path, caps
     assert result["top1"] < 10 and result["top1_holds_answer"] > 90
 
 
+def test_an_answer_is_held_as_whole_words_normalised_as_squad_scores():
+    from bertserve.model.training.rerank import holds_answer
+
+    assert holds_answer("The game was at Levi's Stadium in Santa Clara.", ("Levi's Stadium.",))
+    assert holds_answer("He wore RED.", ("nothing", "red"))
+    assert not holds_answer("It was covered in snow.", ("red",))  # not inside a word
+    assert not holds_answer("It cost 1200 dollars.", ("12",))
+    assert not holds_answer("Anything at all.", ("the",))  # nothing left once normalised
+
+
 def test_mined_negatives_are_the_models_own_highest_ranked_without_answers(checkpoints):
     """`mine` keeps, for each question, the paragraphs the model itself scores highest among
     those drawn, best first, and never one that holds an answer (it may answer the question)."""
@@ -96,32 +106,72 @@ def test_mined_negatives_are_the_models_own_highest_ranked_without_answers(check
 
     source = checkpoints["BertForPreTraining"]
     model = load_model(source, HEAD, id2label={0: "relevance"}, label2id=None).eval()
-    recipe = RerankRecipe(name="t", max_seq_len=32, mined_negatives=2, mine_pool=10)
-    encode = Encoder(BertTokenizer.load(source), recipe)
     answer = "the king was born in paris , they say"  # holds the answer: never a negative
     articles = [[GOLD, *OTHERS, answer, "a dull film in london", "the fox is a dog"]]
-    questions = [Question(q, 0, 0, ("paris",)) for q in QUESTIONS]
-    mined = mine(model, encode, questions, articles, recipe)
-    for q, negatives in zip(questions, mined, strict=True):
-        others = [i for i in range(1, len(articles[0])) if articles[0][i] != answer]
+    questions = [Question(q, 0, 0, ("Paris",)) for q in QUESTIONS]
+    others = [i for i in range(1, len(articles[0])) if articles[0][i] != answer]
+
+    def score(q, paragraphs):
         with torch.no_grad():
-            s = scores(model, encode([(q.text, articles[0][i]) for i in others]))
-        expected = [others[i] for i in torch.argsort(s, descending=True, stable=True)[:2]]
-        assert negatives == expected
-        assert articles[0].index(answer) not in negatives
+            s = scores(model, encode([(q.text, articles[0][i]) for i in paragraphs]))
+        return dict(zip(paragraphs, s.tolist(), strict=True))
+
+    # A pool as large as the article: the model's two best of all the others.
+    recipe = RerankRecipe(name="t", max_seq_len=32, mined_negatives=2, mine_pool=10)
+    encode = Encoder(BertTokenizer.load(source), recipe)
+    for q, negatives in zip(
+        questions, mine(model, encode, questions, articles, recipe), strict=True
+    ):
+        s = score(q, others)
+        assert negatives == sorted(others, key=lambda i: -s[i])[:2]
+    # A smaller pool: two of a draw of three, best first, never the gold or the answer's.
+    recipe = RerankRecipe(name="t", max_seq_len=32, mined_negatives=2, mine_pool=3)
+    picks = mine(model, encode, questions * 10, articles, recipe)
+    for q, negatives in zip(questions * 10, picks, strict=True):
+        s = score(q, others)
+        assert len(set(negatives)) == len(negatives) <= 2 and set(negatives) <= set(others)
+        assert negatives == sorted(negatives, key=lambda i: -s[i])
+    assert len({tuple(n) for n in picks}) > 1  # the draw varies: not always the global best
 
 
-def test_mined_run_selects_from_the_start_and_reuses_its_mining(checkpoints, tmp_path, capsys):
-    """With mined negatives the run mines once, before its first step, into OUT/mined.json; a
-    resumed run reads it back; a changed setting with a trained model in OUT/last is refused
-    (mining again would use the trained model, not the starting one). `eval_at_start` makes the
-    starting model a candidate: a step-0 evaluation is recorded and a best model saved."""
+def test_a_group_puts_the_mined_first_and_fills_without_answers():
+    import numpy as np
+
+    from bertserve.model.training.rerank import Question, candidates, group_paragraphs
+
+    articles = [[f"paragraph {i}" for i in range(10)] + ["it was in paris"]]
+    q = Question("where ?", 4, 0, ("Paris",))
+    plain = group_paragraphs(q, articles, 5, np.random.default_rng(3))
+    assert plain == candidates(q, articles, 6, np.random.default_rng(3))  # unchanged without
+    for seed in range(20):
+        group = group_paragraphs(q, articles, 5, np.random.default_rng(seed), mined=[7, 2])
+        assert group[:3] == [4, 7, 2] and len(group) <= 6
+        assert len(set(group)) == len(group) and 10 not in group  # no repeat, no answer
+    assert group_paragraphs(q, articles, 2, np.random.default_rng(0), mined=[7, 2, 9]) == [4, 7, 2]
+
+
+def test_mined_run_reuses_its_mining_and_uses_it_in_order(
+    checkpoints, tmp_path, capsys, monkeypatch
+):
+    """With mined negatives the run mines once, before its first step, into OUT/mined.json, and
+    each step's questions get their own mined negatives; a resumed run reads the file back; a
+    changed setting with a trained model in OUT/last is refused before anything is written
+    (mining again would use the trained model, not the starting one)."""
+    from bertserve.model.training import rerank
+
+    used = []
+    group_paragraphs = rerank.group_paragraphs
+
+    def recording(q, articles, negatives, rng, mined=None):
+        used.append(mined)
+        return group_paragraphs(q, articles, negatives, rng, mined)
+
+    monkeypatch.setattr(rerank, "group_paragraphs", recording)
     data = write_squad(tmp_path)
     body = (
         "max_seq_len = 32\ngroups = 2\nnegatives = 3\nmined_negatives = 2\nmine_pool = 3\n"
         "steps = 6\nlr = 5e-3\neval_every = 3\ncheckpoint_every = 3\nheld_out_articles = 2\n"
-        "eval_questions = 4\ncandidates = 4\neval_at_start = true\nselection = 'top1+mrr10'\n"
-        "threads = 1\n"
+        "eval_questions = 4\ncandidates = 4\nthreads = 1\n"
     )
     recipe = tmp_path / "mined.toml"
     recipe.write_text(body)
@@ -133,16 +183,49 @@ def test_mined_run_selects_from_the_start_and_reuses_its_mining(checkpoints, tmp
     mined = json.loads((out / "mined.json").read_text())
     assert len(mined["negatives"]) == 6 * 2  # every question the run will visit
     assert all(len(n) == 2 for n in mined["negatives"])  # 3 others, none holds an answer here
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 3]
-    assert (out / "model.safetensors").is_file()
+    assert used == mined["negatives"][:6]  # steps 1-3, two questions each, in order
     stamp = (out / "mined.json").stat().st_mtime_ns
     assert main(args) == 0  # resumes at step 3 with the same negatives
     assert json.loads(capsys.readouterr().out)["steps"] == 6
     assert (out / "mined.json").stat().st_mtime_ns == stamp
+    assert used == mined["negatives"]
+    written = (out / "recipe.json").read_text()
     recipe.write_text(body.replace("mine_pool = 3", "mine_pool = 2"))
     assert main(args) == 2
     assert "mined with other settings" in capsys.readouterr().err
+    assert (out / "recipe.json").read_text() == written
+
+
+@pytest.mark.parametrize(("selection", "saved_after"), [("top1", [1]), ("top1+mrr10", [1, 2])])
+def test_selection_keeps_the_start_unless_beaten(
+    checkpoints, tmp_path, monkeypatch, capsys, selection, saved_after
+):
+    """The evaluations read (top-1, MRR@10) = (50, 0.6) at the start, (50, 0.7) at step 3 and
+    (50, 0.65) at step 6: by top-1 alone the starting model stays the best; with MRR@10 as the
+    tie-break, step 3's replaces it and step 6's does not."""
+    from bertserve.model.training import rerank
+
+    script = iter([(50.0, 0.6), (50.0, 0.7), (50.0, 0.65)])
+    evaluated, saves = [], []
+
+    def scripted(*args, **kwargs):
+        top1, mrr = next(script)
+        evaluated.append(top1)
+        return {"top1": top1, "mrr10": mrr}
+
+    monkeypatch.setattr(rerank, "ranking_metrics", scripted)
+    monkeypatch.setattr(rerank, "save_model", lambda model, out: saves.append(len(evaluated)))
+    data = write_squad(tmp_path)
+    recipe = tmp_path / "select.toml"
+    recipe.write_text(
+        "max_seq_len = 32\ngroups = 2\nnegatives = 3\nsteps = 6\neval_every = 3\n"
+        f"held_out_articles = 2\neval_at_start = true\nselection = '{selection}'\nthreads = 1\n"
+    )
+    args = ["rerank", "--init", str(checkpoints["BertForPreTraining"]), "--data", str(data)]
+    assert main([*args, "--out", str(tmp_path / "out"), "--recipe", str(recipe)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert len(evaluated) == 3 and saves == saved_after
+    assert summary["best_held_out_mrr10"] == (0.6 if selection == "top1" else 0.7)
 
 
 @pytest.mark.parametrize(
