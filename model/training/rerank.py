@@ -116,6 +116,11 @@ def holds_answer(paragraph: str, answers: tuple[str, ...]) -> bool:
     return any(f" {a} " in text for a in map(normalize_answer, answers) if a)
 
 
+def without_answers(q: Question, articles: list[list[str]], picked: list[int]) -> list[int]:
+    """The paragraphs of `picked` (indices into `q`'s article) that hold none of its answers."""
+    return [i for i in picked if not holds_answer(articles[q.article][i], q.answers)]
+
+
 def candidates(
     question: Question, articles: list[list[str]], count: int, rng: np.random.Generator
 ) -> list[int]:
@@ -174,11 +179,7 @@ def group_paragraphs(
     picked = candidates(q, articles, negatives + 1, rng)
     if mined is None:
         return picked
-    rest = [
-        i
-        for i in picked[1:]
-        if i not in mined and not holds_answer(articles[q.article][i], q.answers)
-    ]
+    rest = without_answers(q, articles, [i for i in picked[1:] if i not in mined])
     return [q.gold, *mined, *rest][: negatives + 1]
 
 
@@ -197,8 +198,9 @@ def mine(
     rng = np.random.default_rng([recipe.seed, 1])
     mined: list[list[int]] = []
     for q in tqdm(questions, desc="mining negatives", dynamic_ncols=True):
-        others = candidates(q, articles, recipe.mine_pool + 1, rng)[1:]
-        others = [i for i in others if not holds_answer(articles[q.article][i], q.answers)]
+        others = without_answers(
+            q, articles, candidates(q, articles, recipe.mine_pool + 1, rng)[1:]
+        )
         if not others:
             mined.append([])
             continue
@@ -361,11 +363,11 @@ def train_rerank(
     model.train()
     while step < end:
         rng = np.random.default_rng([recipe.seed, step])
-        group = visits[step * recipe.groups : (step + 1) * recipe.groups]
+        at_step = slice(step * recipe.groups, (step + 1) * recipe.groups)
+        hard: list[list[int] | None] = [*mined[at_step]] if mined else [None] * recipe.groups
         pairs, sizes = [], []
-        for g, q in enumerate(group):
-            hard = mined[step * recipe.groups + g] if mined else None
-            picked = group_paragraphs(q, articles, recipe.negatives, rng, hard)
+        for q, mined_q in zip(visits[at_step], hard, strict=True):
+            picked = group_paragraphs(q, articles, recipe.negatives, rng, mined_q)
             pairs += [(q.text, articles[q.article][i]) for i in picked]
             sizes.append(len(picked))
         s = scores(model, encode(pairs), recipe.bf16)

@@ -205,18 +205,13 @@ def handler(adapter: Adapter) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
+        def failure(self, code: int, reason: str, message: str) -> None:
+            """A Kubernetes Status, as an aggregated API server answers an error."""
+            body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code}
+            self.send(code, body | {"reason": reason, "message": message})
+
         def not_found(self, message: str) -> None:
-            self.send(
-                404,
-                {
-                    "kind": "Status",
-                    "apiVersion": "v1",
-                    "status": "Failure",
-                    "reason": "NotFound",
-                    "message": message,
-                    "code": 404,
-                },
-            )
+            self.failure(404, "NotFound", message)
 
         def do_GET(self) -> None:
             url = urllib.parse.urlsplit(self.path)
@@ -255,16 +250,7 @@ def handler(adapter: Adapter) -> type[BaseHTTPRequestHandler]:
             try:
                 items = adapter.values(m.group(1), m.group(2), m.group(3), selector)
             except Exception as e:
-                self.send(
-                    500,
-                    {
-                        "kind": "Status",
-                        "apiVersion": "v1",
-                        "status": "Failure",
-                        "message": repr(e),
-                        "code": 500,
-                    },
-                )
+                self.failure(500, "InternalError", repr(e))
                 return
             if not items:
                 self.not_found(f"the custom metric {m.group(3)} is not found for pods {m.group(2)}")

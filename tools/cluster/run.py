@@ -112,7 +112,7 @@ class Kube:
 
 
 def scrape(ip: str, name: str) -> float:
-    """The sum of a metric's samples on one pod's /metrics (0 when the pod does not answer)."""
+    """The sum of a metric's samples on one pod's /metrics (NaN when the pod does not answer)."""
     try:
         with urllib.request.urlopen(f"http://{ip}:8000/metrics", timeout=3) as r:
             text = r.read().decode()
