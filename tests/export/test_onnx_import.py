@@ -169,7 +169,13 @@ def test_imported_bundle_answers_as_the_original(sources, family, layout, tmp_pa
     own = np.abs(graph - truth).max()
     bound = 1e-4 * scale if layout.endswith("fp32") else 4 * own + 1e-3 * scale
     assert np.abs(ours - truth).max() <= bound, (np.abs(ours - truth).max(), own, scale)
-    assert np.argsort(ours[:, 0]).tolist() == np.argsort(truth[:, 0]).tolist()
+    # The same order wherever the original's scores stand further apart than the bound lets
+    # them move. With fp32 the bound is float rounding and the order is checked; with int8 the
+    # graph's own rounding spans the random weights' scores (an order check there failed in a
+    # full run: [2, 0, 1] against [0, 2, 1]).
+    apart = truth[:, 0][:, None] - truth[:, 0][None, :] > 2 * bound
+    assert (ours[:, 0][:, None] > ours[:, 0][None, :])[apart].all()
+    assert apart.any() or layout.endswith("int8")
 
 
 def test_export_takes_an_onnx_source_and_names_it(sources, tmp_path, capsys):
