@@ -208,7 +208,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.export"
             type=int,
             default=None,
             help="tokens an input may take (default: sentence_bert_config.json's max_seq_length, "
-            "else the model's positions, at most 512)",
+            "else tokenizer_config.json's model_max_length up to 512, else 512; at most the "
+            "model's positions)",
         )
         parser.add_argument(
             "--pooling",

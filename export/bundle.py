@@ -25,6 +25,7 @@ from bertserve.export.graph import (
     optimise,
     output_axes,
     own_tasks,
+    read_model_max_length,
     read_pooling,
     read_prompts,
     read_sentence_settings,
@@ -233,7 +234,10 @@ def build_bundle(
             f"a rerank bundle needs a cross-encoder (a classifier with one output); "
             f"{checkpoint} has {config.num_labels} labels"
         )
-    max_len = max_seq_len or min(sentence.get("max_seq_length", 512), config.max_sequence)
+    # As sentence-transformers reads it: sentence_bert_config.json's max_seq_length, else the
+    # tokenizer's model_max_length; capped at the model's positions, and by default at 512.
+    limit = sentence.get("max_seq_length") or min(512, read_model_max_length(checkpoint) or 512)
+    max_len = max_seq_len or min(limit, config.max_sequence)
     if not 8 <= max_len <= config.max_sequence:
         raise ValueError(f"--max-seq-len {max_len} must be in 8..{config.max_sequence}")
     if precision not in TOLERANCE:
@@ -248,6 +252,16 @@ def build_bundle(
     elif pooling_mode is not None or normalize is not None:
         raise ValueError("--pooling and --normalize apply to an embed bundle only")
     prompts = read_prompts(checkpoint) if "embed" in tasks else {}
+    if pooling is not None and pooling["mode"] == "mean" and prompts["prompts"]:
+        pooling_config = checkpoint / "1_Pooling" / "config.json"
+        if (
+            pooling_config.is_file()
+            and json.loads(pooling_config.read_text()).get("include_prompt", True) is False
+        ):
+            raise ValueError(
+                f"{pooling_config}: include_prompt false (the prompt's tokens left out of the "
+                "mean) is not supported; the bundle would pool them in"
+            )
 
     with tempfile.TemporaryDirectory(prefix="bertserve-export-") as tmp:
         work = Path(tmp)

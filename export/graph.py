@@ -101,6 +101,21 @@ def read_sentence_settings(checkpoint: Path) -> dict[str, Any]:
     return settings
 
 
+def read_model_max_length(checkpoint: Path) -> int | None:
+    """`tokenizer_config.json`'s `model_max_length`: where sentence-transformers 5 keeps a
+    model's `max_seq_length` (and a CrossEncoder's `max_length`), and the length transformers'
+    tokenizer cuts to; None where the file has none, or transformers' "no limit" placeholder."""
+    import json
+
+    path = checkpoint / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    value = json.loads(path.read_text()).get("model_max_length")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
+        return None
+    return int(value)
+
+
 class ExportError(ValueError):
     """A request the exporter cannot satisfy; the message says what to change."""
 

@@ -432,9 +432,16 @@ def _check_out(out: Path, graph_path: Path) -> None:
 
 def _refuse_unread(graph: Any, graph_path: Path) -> None:
     """Graphs this reader does not read, refused by name: ONNX Runtime-optimised ones (fused
-    nodes), fp16 ones, and static (QDQ) quantised ones (weights behind DequantizeLinear)."""
+    nodes), fp16 ones, static (QDQ) quantised ones (weights behind DequantizeLinear), and
+    sentence-transformers' own export (its module-numbered names, its pooled output)."""
     from onnx import TensorProto
 
+    if any(o.name == "sentence_embedding" for o in graph.output):
+        raise RecoverError(
+            f"{graph_path}: sentence-transformers' own export (outputs token_embeddings, "
+            "sentence_embedding); export the model with Optimum's `--library-name transformers`"
+            " (the pooling and normalisation come from the folder's sentence-transformers files)"
+        )
     fused = sorted({n.op_type for n in graph.node if n.domain == "com.microsoft"})
     if fused:
         raise RecoverError(

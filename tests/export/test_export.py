@@ -524,3 +524,42 @@ def test_sentence_transformers_settings_are_honoured_and_overridden(checkpoints,
     assert verify(tmp_path / "overridden")["parity"]["max_abs_diff"] < 1e-4
     with pytest.raises(ValueError, match="embed bundle only"):
         build_bundle(source, ["classify"], tmp_path / "no", pooling_mode="cls")
+
+
+def test_a_tokenizers_model_max_length_gives_the_length(checkpoints, tmp_path):
+    """Where sentence_bert_config.json says nothing, tokenizer_config.json's model_max_length
+    (sentence-transformers 5's `max_seq_length`) is the length, up to 512; transformers'
+    no-limit placeholder leaves the default."""
+    source = tmp_path / "st5"
+    shutil.copytree(checkpoints["BertForSequenceClassification"], source)
+    (source / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 20}))
+    assert build_bundle(source, ["embed"], tmp_path / "a").max_seq_len == 20
+    (source / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 24}))
+    assert build_bundle(source, ["embed"], tmp_path / "b").max_seq_len == 24
+    (source / "sentence_bert_config.json").unlink()
+    (source / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 1e30}))
+    default = build_bundle(source, ["embed"], tmp_path / "c").max_seq_len
+    assert (
+        default
+        == build_bundle(
+            checkpoints["BertForSequenceClassification"], ["embed"], tmp_path / "d"
+        ).max_seq_len
+    )
+
+
+def test_a_prompt_left_out_of_the_mean_is_refused(checkpoints, tmp_path):
+    """include_prompt false pools without the prompt's tokens, which the graph's mean cannot:
+    refused in one line where the model has prompts, taken where it has none or pools [CLS]."""
+    source = tmp_path / "st"
+    shutil.copytree(checkpoints["BertForSequenceClassification"], source)
+    (source / "1_Pooling").mkdir()
+    (source / "1_Pooling" / "config.json").write_text(
+        json.dumps({"pooling_mode_mean_tokens": True, "include_prompt": False})
+    )
+    build_bundle(source, ["embed"], tmp_path / "no-prompts")
+    (source / "config_sentence_transformers.json").write_text(
+        json.dumps({"prompts": {"query": "query: "}})
+    )
+    with pytest.raises(ValueError, match="include_prompt false"):
+        build_bundle(source, ["embed"], tmp_path / "refused")
+    build_bundle(source, ["embed"], tmp_path / "cls", pooling_mode="cls")

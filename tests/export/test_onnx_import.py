@@ -392,6 +392,15 @@ def test_graphs_it_does_not_read_are_refused_by_name(sources, tmp_path):
     onnx.save(half, str(tmp_path / "half.onnx"))
     with pytest.raises(RecoverError, match="an fp16 graph"):
         checkpoint_from_onnx(tmp_path / "half.onnx", tmp_path / "a", tokenizer=tok)
+    # what Optimum writes for sentence-transformers' library: the pooled vector as an output
+    pooled = onnx.load(str(plain))
+    pooled.graph.node.append(
+        onnx.helper.make_node("Identity", [pooled.graph.output[0].name], ["sentence_embedding"])
+    )
+    pooled.graph.output.append(onnx.helper.make_tensor_value_info("sentence_embedding", 1, None))
+    onnx.save(pooled, str(tmp_path / "st.onnx"))
+    with pytest.raises(RecoverError, match="--library-name transformers"):
+        checkpoint_from_onnx(tmp_path / "st.onnx", tmp_path / "a", tokenizer=tok)
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:

@@ -6,6 +6,7 @@ single and in padded batches."""
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 
 import numpy as np
@@ -162,6 +163,31 @@ def test_a_checkpoint_exported_without_flags_embeds_long_texts_as_encode_does(
     assert all(len(model.tokenizer(t)["input_ids"]) > 300 for t in LONG)
     reference = model.encode(LONG, normalize_embeddings=True)
     with live_server(bundles=root, max_wait_ms=20) as live, live.client() as c:
+        answer = c.post("/embed", json={"inputs": LONG, "truncate": True})
+    assert answer.status_code == 200
+    assert cosines(np.asarray(answer.json()), reference).min() >= 0.9999
+
+
+def test_the_length_sentence_transformers_5_saves_is_honoured(minilm_dir, tmp_path_factory):
+    """sentence-transformers 5 saves `max_seq_length` as the tokenizer's `model_max_length`
+    (tokenizer_config.json), no longer in sentence_bert_config.json: a model it saved with a
+    length of 128, exported with no flags, keeps 128 tokens and embeds long texts as `encode`."""
+    from sentence_transformers import SentenceTransformer
+
+    from bertserve.export.bundle import build_bundle
+
+    root = tmp_path_factory.mktemp("st5")
+    model = SentenceTransformer(str(minilm_dir), device="cpu")
+    model.max_seq_length = 128
+    model.save(str(root / "saved"))
+    saved = json.loads((root / "saved" / "sentence_bert_config.json").read_text())
+    assert "max_seq_length" not in saved  # the format this test is about
+    spec = build_bundle(root / "saved", ["embed"], root / "bundles" / "minilm-128")
+    assert spec.max_seq_len == 128
+    reference = SentenceTransformer(str(root / "saved"), device="cpu").encode(
+        LONG, normalize_embeddings=True
+    )
+    with live_server(bundles=root / "bundles", max_wait_ms=20) as live, live.client() as c:
         answer = c.post("/embed", json={"inputs": LONG, "truncate": True})
     assert answer.status_code == 200
     assert cosines(np.asarray(answer.json()), reference).min() >= 0.9999

@@ -200,3 +200,23 @@ def test_the_fields_rerank_clients_send(server, expected):
         five.json()["results"][0]["relevance_score"], abs=1e-6
     )
     assert no_field.status_code == 422 and "rank_fields" in no_field.json()["error"]["message"]
+
+
+def test_a_cross_encoders_saved_max_length_is_honoured(cross_encoder, tmp_path):
+    """A CrossEncoder saved with `max_length` (tokenizer_config.json's model_max_length) cuts
+    pairs there: exported with no flags, the bundle cuts them at the same length, so a long pair
+    scores as `predict` scores it."""
+    from sentence_transformers import CrossEncoder
+
+    from bertserve.export.bundle import build_bundle
+
+    CrossEncoder(str(cross_encoder), device="cpu", max_length=24).save(str(tmp_path / "ce"))
+    spec = build_bundle(tmp_path / "ce", ["rerank"], tmp_path / "bundles" / "ce-24")
+    assert spec.max_seq_len == 24
+    docs = [" ".join(DOCS * 3), DOCS[0]]
+    expected = CrossEncoder(str(tmp_path / "ce"), device="cpu").predict([(QUERY, d) for d in docs])
+    with live_server(bundles=tmp_path / "bundles") as live, live.client() as c:
+        answer = c.post("/rerank", json={"query": QUERY, "texts": docs, "truncate": True})
+    assert answer.status_code == 200
+    scores = [r["score"] for r in sorted(answer.json(), key=lambda r: r["index"])]
+    np.testing.assert_allclose(scores, expected, atol=1e-5)
