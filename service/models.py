@@ -106,6 +106,7 @@ def load_model(
         max_rows,
         settings.auto_truncate or settings.long_input == "truncate",
         settings.long_input,
+        settings.max_response_bytes,
     )
     batcher = Batcher(
         spec.name,

@@ -139,6 +139,9 @@ class TaskContext:
     # What an over-long input gets where a request says nothing (BERTSERVE_LONG_INPUT:
     # runtime/tasks/chunks.py): "error" (413), "truncate" or "chunk".
     long_input: LongInput = "error"
+    # The largest answer (BERTSERVE_MAX_RESPONSE_BYTES), for the tasks whose answer's size is
+    # known only once the inputs are tokenised (/embed/chunks): refused before the model runs.
+    max_response_bytes: int = 32_000_000
     _local: threading.local = field(default_factory=threading.local)
     _frame: tuple[list[int], list[int]] | None = field(default=None, repr=False)
     _foreign: frozenset[int] | None = field(default=None, repr=False)
@@ -155,6 +158,7 @@ class TaskContext:
         max_rows: int = 1_000_000,
         auto_truncate: bool = False,
         long_input: LongInput = "error",
+        max_response_bytes: int = 32_000_000,
     ) -> TaskContext:
         text = (directory / spec.tokenizer.file).read_text(encoding="utf-8")
         plain = Tokenizer.from_str(text)
@@ -174,6 +178,7 @@ class TaskContext:
             max_rows,
             auto_truncate,
             long_input,
+            max_response_bytes,
             byte_level=byte_level,
         )
         if "embed" in spec.tasks:  # token-id inputs are checked against it: made now, not on

@@ -222,15 +222,21 @@ def answer_bytes(ctx: TaskContext, vectors: int, dimensions: int | None, base64:
     return vectors * (width * (6 if base64 else 15) + 64)
 
 
-def check_answer(ctx: TaskContext, vectors: int, dimensions: int | None, base64: bool, limits: Any):
+def check_answer(
+    ctx: TaskContext,
+    vectors: int,
+    dimensions: int | None,
+    base64: bool,
+    limits: Any,
+    remedy: str = "Send fewer inputs a request",
+) -> None:
     """Refuse, before any work, a request whose answer would pass max_response_bytes."""
     size, most = answer_bytes(ctx, vectors, dimensions, base64), limits.max_response_bytes
     if size > most:
         raise TooLarge(
-            f"{vectors} vectors of {dimensions or ctx.spec.architecture.hidden_size} components "
-            f"may take {size:,} bytes; the answer limit is {most:,} "
-            "(BERTSERVE_MAX_RESPONSE_BYTES). Send fewer inputs a request, or ask for fewer "
-            "dimensions"
+            f"{vectors:,} vectors of {dimensions or ctx.spec.architecture.hidden_size} "
+            f"components may take {size:,} bytes; the answer limit is {most:,} "
+            f"(BERTSERVE_MAX_RESPONSE_BYTES). {remedy}, or ask for fewer dimensions"
         )
 
 
@@ -596,8 +602,12 @@ class EmbedChunks(Task):
         size, overlap = request.chunk_tokens, request.overlap_tokens
         window = room(ctx, len(prefix))
         check_chunk_tokens(ctx, size, len(prefix))
+        late_room = window if request.late else None
+        docs = documents(ctx, items, size, overlap, late_room=late_room)
+        # A chunk a vector: the answer's size is known now, before the model runs.
+        remedy = "Send fewer or shorter inputs a request, larger chunk_tokens or less overlap"
+        check_answer(ctx, sum(len(d.chunks) for d in docs), request.dimensions, False, ctx, remedy)
         if not request.late:
-            docs = documents(ctx, items, size, overlap)
             rows: list[Row] = []
             spans = []
             for doc in docs:
@@ -610,7 +620,6 @@ class EmbedChunks(Task):
                 spans.append(range(start, len(rows)))
             weights = [[c.tokens for c in d.chunks] for d in docs]
             return rows, ChunkPlan(docs, Groups(spans, weights))
-        docs = documents(ctx, items, size, overlap, late_room=window)
         rows, spans, late = [], [], []
         for doc in docs:
             checkpoint()

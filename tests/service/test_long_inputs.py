@@ -217,6 +217,29 @@ def test_a_document_past_the_request_rows_is_refused_before_its_work(tmp_path):
     assert served == 1
 
 
+def test_chunks_past_the_answer_limit_are_refused_before_the_model_runs(tmp_path):
+    """A chunk a vector: chunks that advance one piece at a time make an answer far larger than
+    the request. It is refused (413, naming what to change) once the inputs are tokenised, and
+    the model never runs; plain and late chunking alike."""
+    (tmp_path / EMBED).symlink_to(BUNDLES / EMBED)
+    text = " ".join(["the"] * 250)
+    body = {"inputs": text, "chunk_tokens": 8, "overlap_tokens": 7}  # 243 chunks, 1.4 MB
+    with live_server(bundles=tmp_path, max_response_bytes=1_000_000) as live, live.client() as c:
+        answers = [c.post("/embed/chunks", json=body | {"late": late}) for late in (False, True)]
+        fits = c.post("/embed/chunks", json=body | {"chunk_tokens": 128})
+        metrics = c.get("/metrics").text
+    for answer in answers:
+        assert answer.status_code == 413, answer.text
+        error = answer.json()["error"]
+        assert "243 vectors" in error and "BERTSERVE_MAX_RESPONSE_BYTES" in error
+        assert "larger chunk_tokens" in error
+    assert fits.status_code == 200
+    batches = [
+        line for line in metrics.splitlines() if line.startswith("bertserve_batch_rows_count")
+    ]
+    assert sum(float(line.split()[-1]) for line in batches) == 1  # only the one that fits ran
+
+
 def test_long_input_server_default_chunks(tmp_path):
     (tmp_path / EMBED).symlink_to(BUNDLES / EMBED)
     with live_server(bundles=tmp_path, long_input="chunk") as live, live.client() as c:
