@@ -145,10 +145,22 @@ class CallCost:
     None until a spread of batch sizes has been measured: then nothing is split."""
 
     DECAY = 0.98  # weight of the older batches: about the last fifty count
+    LARGE_TOKENS = 1024  # a call this large: its fixed cost is a small part of its time
 
     def __init__(self) -> None:
         self.w = self.sx = self.sy = self.sxx = self.sxy = 0.0
         self.around_s = 0.0
+        # Seconds a token in large calls (batched, alone, or the warm-up's), averaged: the cost
+        # of a token while the fit has no spread of sizes (a reranker's full batches are alike).
+        self.large_rate: float | None = None
+
+    def note_large(self, tokens: int, call_s: float) -> None:
+        """A call's time towards `large_rate`, if it had at least LARGE_TOKENS padded tokens."""
+        if tokens >= self.LARGE_TOKENS:
+            rate = call_s / tokens
+            self.large_rate = (
+                rate if self.large_rate is None else 0.8 * self.large_rate + 0.2 * rate
+            )
 
     def observe(self, tokens: int, call_s: float, cycle_s: float) -> None:
         d = self.DECAY
@@ -159,6 +171,7 @@ class CallCost:
         self.sxy = d * self.sxy + tokens * call_s
         around = max(cycle_s - call_s, 0.0)
         self.around_s = around if self.w < 1.5 else 0.8 * self.around_s + 0.2 * around
+        self.note_large(tokens, call_s)
 
     def seconds_per_token(self) -> float | None:
         """The fitted cost of one more token in a call; None until a spread of sizes is
@@ -374,10 +387,12 @@ class Batcher:
 
     def work_s(self, rows: list[Row]) -> float:
         """At least how long the model takes for `rows`: their tokens at the marginal cost of a
-        token in batched calls (`CallCost`), the calls' fixed cost left out; 0 before that is
-        measured. A rate of whole cycles would not do: measured on requests of one input it
-        makes a batched token look many times dearer than it is."""
-        per_token = self.cost.seconds_per_token()
+        token in batched calls (`CallCost`), the calls' fixed cost left out; until calls of a
+        spread of sizes are measured, at the cost of a token in large calls (the warm-up's
+        among them); 0 before either is measured. A rate of whole cycles would not do:
+        measured on requests of one input it makes a batched token look many times dearer than
+        it is."""
+        per_token = self.cost.seconds_per_token() or self.cost.large_rate
         return sum(len(r) for r in rows) * per_token if per_token else 0.0
 
     def refusal(self, rows: int = 1, bulk: bool = False) -> str | None:
@@ -504,6 +519,7 @@ class Batcher:
                 # load. A client batch's calls alone are measured: the bulk lane's time bound
                 # (refusal) needs a rate, and they may be all the model runs.
                 self.lone_cost.observe(feeds, call_s)
+                self.cost.note_large(feeds["input_ids"].size, call_s)
                 cycle_start = now
                 continue
             # Rows served per second of a whole cycle (waiting for the loop, padding, the model,

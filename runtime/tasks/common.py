@@ -249,15 +249,26 @@ class TaskContext:
             raise self.too_long(len(enc.ids))
         return enc
 
-    def truncated(self, text: str, pair: str | None, direction: Direction = "Right") -> Encoding:
+    def truncated(
+        self,
+        text: str,
+        pair: str | None,
+        direction: Direction = "Right",
+        first: Encoding | None = None,
+    ) -> Encoding:
         """The encoding `tokenizers`' longest_first truncation gives, in time and memory linear
         in the texts. The library's own builds every overflow combination of a pair, which
         grows with the product of the lengths (8k characters a side: 16,509 encodings and
         +1.5 GB); here each side is encoded alone, the split is the library's, and each side
-        is cut to its share before the pair template joins them."""
+        is cut to its share before the pair template joins them. `first`: `text` already
+        encoded without special tokens (a query paired with many documents, encoded once)."""
         tok = self.tokenizer
-        sides = tok.encode_batch([text] if pair is None else [text, pair], add_special_tokens=False)
-        first, second = sides[0], (sides[1] if pair is not None else None)
+        if first is None:
+            items = [text] if pair is None else [text, pair]
+            sides = tok.encode_batch(items, add_special_tokens=False)
+            first, second = sides[0], (sides[1] if pair is not None else None)
+        else:
+            second = None if pair is None else tokenize(tok, pair, add_special_tokens=False)
         budget = self.max_len - tok.num_special_tokens_to_add(pair is not None)
         keep_first, keep_second = longest_first(
             len(first), len(second) if second is not None else 0, budget

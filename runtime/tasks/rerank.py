@@ -142,17 +142,16 @@ def pair_rows(
     BEST_OVERLAP_TOKENS; its first `most_chunks`), and which rows are whose. A query of more
     than half the window is cut to half of it there."""
     query = ctx.check_text(query, "query")
-    if mode != "chunk":
-        truncate = mode == "truncate"
+    if mode == "truncate":  # the query tokenised once, not again beside each document
+        encoded = tokenize(ctx.tokenizer, query, add_special_tokens=False)
         rows = [
-            row(
-                ctx.encode(
-                    query,
-                    ctx.check_text(d, f"document {i}"),
-                    truncate=truncate,
-                    direction=direction,
-                )
-            )
+            row(ctx.truncated(query, ctx.check_text(d, f"document {i}"), direction, encoded))
+            for i, d in enumerate(documents)
+        ]
+        return rows, Groups.one_each(len(rows))
+    if mode != "chunk":  # "error": an over-long pair is a 413
+        rows = [
+            row(ctx.encode(query, ctx.check_text(d, f"document {i}")))
             for i, d in enumerate(documents)
         ]
         return rows, Groups.one_each(len(rows))

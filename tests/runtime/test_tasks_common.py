@@ -148,3 +148,25 @@ def test_a_long_question_is_cut_at_a_piece_boundary_to_the_limit():
         cut, n = cut_question(ctx, question, most)
         assert n == most and question.startswith(cut)
         assert ctx.tokenizer.encode(cut, add_special_tokens=False).tokens == pieces[:most]
+
+
+@pytest.mark.parametrize("direction", ["Right", "Left"])
+def test_a_long_query_cut_once_pairs_as_the_whole_query_would(bundle_dir, direction):
+    """/rerank cuts an over-long query once (`within_tokens`) instead of tokenising it again
+    beside each document: every pair it makes is the pair the whole query would make."""
+    import random
+
+    from bertserve.runtime.bundle import load_bundle_spec
+    from bertserve.runtime.tasks.rerank import pair_rows
+
+    bundle = bundle_dir / "pretrained"
+    ctx = TaskContext.load(bundle, load_bundle_spec(bundle), 10**6)
+    rng = random.Random(1)
+    words = ["the", "king", "unbelievable", "xylophoneously", "of", "france", "!", "café"]
+    for _ in range(40):
+        query = " ".join(rng.choice(words) for _ in range(rng.randint(1, 3 * ctx.max_len)))
+        docs = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 200))) for _ in range(3)]
+        rows, _ = pair_rows(ctx, query, docs, "truncate", direction)
+        for got, doc in zip(rows, docs, strict=True):
+            want = ctx.encode(query, doc, truncate=True, direction=direction)
+            assert got.input_ids.tolist() == want.ids, (query, doc)

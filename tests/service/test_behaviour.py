@@ -787,6 +787,30 @@ def test_a_client_batch_past_its_deadline_is_refused_before_its_model_time(bundl
         assert metric(live, "bertserve_batch_rows_sum", model="sentiment") - rows == 4
 
 
+def test_the_deadline_refusal_holds_before_a_spread_of_sizes_is_measured(bundle_dir):
+    """The marginal cost of a token needs calls of a spread of sizes, which a reranker's full
+    batches of long pairs never give (a 256-document /v1/rerank ran 35 s, then 504): until
+    then the cost of a token in large calls stands in, first the warm-up's."""
+    from bertserve.runtime.batching import CallCost
+
+    with live_server(bundles=bundle_dir, request_timeout_s=2) as live:
+        batcher = live.state.models["sentiment"].batcher
+        assert batcher.cost.large_rate is not None  # the warm-up's full batch
+        assert batcher.cost.seconds_per_token() is None
+        alike = CallCost()
+        for _ in range(20):
+            alike.observe(2048, 2.048, 2.1)  # 1 ms a token, all calls of one size
+        assert alike.seconds_per_token() is None
+        assert alike.large_rate == pytest.approx(1e-3)
+        batcher.cost = alike
+        with live.client() as c:
+            refused = c.post("/classify", json={"inputs": ["a good film"] * 400})
+            small = c.post("/classify", json={"inputs": ["a good film"] * 4})
+        assert refused.status_code == 413, refused.text
+        assert "model time" in refused.json()["error"]
+        assert small.status_code == 200
+
+
 def test_a_large_body_parses_off_the_loop_with_the_same_answers(server):
     """Bodies over 256 kB are parsed and validated on a worker thread (service/http/fastpath.py):
     the answer, and the 422 for a bad one, are those of a small body."""
