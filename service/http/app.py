@@ -43,7 +43,7 @@ from bertserve.service.http.errors import (
     validation_error_response,
 )
 from bertserve.service.http.fastpath import FastPath
-from bertserve.service.http.routes import api, ops, root_route
+from bertserve.service.http.routes import REF, SELF_READ_BODIES, api, ops, root_route
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings
 from bertserve.service.state import ServiceState
@@ -239,6 +239,9 @@ class ServiceApp(FastAPI):
         if self.openapi_schema is not None:
             return self.openapi_schema
         schema = super().openapi()
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for name, body in SELF_READ_BODIES.items():
+            components.setdefault(name, body.model_json_schema(ref_template=REF + "{model}"))
         state = self.state.service
         if not state.models:
             self.openapi_schema = None
