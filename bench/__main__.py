@@ -42,6 +42,9 @@ MODES: dict[str, Mode] = {
     "inputs": Mode("bench.inputs", "write the request bodies the modes send"),
     # one-question experiments
     "arena": Mode("bench.experiments.arena", "ONNX Runtime's CPU arena vs a worker's memory"),
+    "batch-neighbours": Mode(
+        "bench.experiments.batch_neighbours", "how far an answer moves with its batch's other rows"
+    ),
     "client-batch": Mode("bench.experiments.client_batch", "client batches at N connections"),
     "clients": Mode(
         "bench.experiments.clients",
