@@ -93,6 +93,11 @@ class BodyLimit:
         too_large = error_response(413, "too_large", message, path=path)
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await too_large(scope, receive, send)
+        encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip()
+        if encoding.lower() != "identity":  # a gzip body would fail as "not JSON"
+            message = f"Content-Encoding {encoding!r} is not supported: send the body uncompressed"
+            refused = error_response(415, "unsupported_media_type", message, path=path)
+            return await refused(scope, receive, send)
         chunks: list[bytes] = []
         size = 0
         # One deadline for the whole body (a body sent a byte at a time, or shorter than its

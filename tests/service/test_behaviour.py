@@ -578,6 +578,16 @@ def test_non_utf8_and_oversized_bodies(server):
         ok = c.post("/classify", content=small(), headers={"content-type": "application/json"})
         assert ok.status_code == 200, ok.text
 
+        import gzip
+
+        body = gzip.compress(b'{"inputs": "a fine film"}')
+        headers = {"content-type": "application/json", "content-encoding": "gzip"}
+        packed = c.post("/classify", content=body, headers=headers)
+        assert packed.status_code == 415, packed.text
+        assert "'gzip' is not supported" in packed.json()["error"]
+        plain = {"content-type": "application/json", "content-encoding": "identity"}
+        assert c.post("/classify", content=b'{"inputs": "a"}', headers=plain).status_code == 200
+
 
 def test_request_id_is_honoured_and_returned(server):
     with server.client() as c:
