@@ -137,6 +137,14 @@ def _family(keys: set[str], given: str | None) -> list[str]:
         return ["distilbert"]
     if any(k.startswith("embeddings_project.") for k in keys):
         return ["electra"]
+    if not any(k.startswith(("embeddings.", "encoder.")) for k in keys):
+        # Neither a family's prefix nor a bare encoder's names: another architecture's graph.
+        roots = sorted({k.split(".")[0] for k in keys if "." in k})
+        supported = ", ".join(sorted({*PREFIXES.values(), "distilbert"}))
+        raise RecoverError(
+            f"the graph's weights are named {', '.join(r + '.*' for r in roots[:4])}, no "
+            f"family this reader maps (it reads {supported}, and bare encoders)"
+        )
     return ["bert", "roberta"]
 
 
@@ -414,9 +422,10 @@ def _choose(
         )
     runner_up = sorted(t["hidden"] for t in tries)[1:2]
     if runner_up and runner_up[0] <= max(AMBIGUOUS * best[0]["hidden"], 1e-6):
+        closest = sorted(tries, key=lambda t: t["hidden"])[:2]
         raise RecoverError(
-            f"{graph_path}: two readings answer as the graph does ({tries}); say which with "
-            "--heads or --model-type"
+            f"{graph_path}: two readings answer as the graph does ({closest[0]} and "
+            f"{closest[1]}); say which with --heads or --model-type"
         )
     return best[1], tries
 

@@ -222,6 +222,54 @@ def test_what_cannot_be_read_is_refused_in_one_line(sources, tmp_path, capsys):
     assert err.startswith("error: ") and "\n" not in err
 
 
+def test_another_architectures_graph_is_refused_naming_its_weights(sources, tmp_path):
+    """An MPNet cross-encoder's graph (weights `mpnet.*`) is no family this reader maps: refused
+    naming its weights and the families read, not as a head it failed to find."""
+    config = transformers.MPNetConfig(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=37,
+        num_labels=1,
+    )
+    torch.manual_seed(0)
+    model = transformers.MPNetForSequenceClassification(config).eval()
+    names = ["input_ids", "attention_mask"]
+    graph = tmp_path / "mpnet.onnx"
+    torch.onnx.export(
+        model,
+        tuple(torch.ones((2, 8), dtype=torch.long) for _ in names),
+        str(graph),
+        input_names=names,
+        output_names=["logits"],
+        dynamic_axes={n: {0: "batch", 1: "sequence"} for n in names},
+        opset_version=17,
+        dynamo=False,
+    )
+    with pytest.raises(RecoverError, match=r"mpnet\.\*, no family this reader maps"):
+        checkpoint_from_onnx(graph, tmp_path / "out", tokenizer=sources["bert"]["checkpoint"])
+
+
+def test_a_head_count_the_answers_cannot_tell_is_left_to_the_user(sources, tmp_path):
+    """With query and key weights of zero every head attends evenly, so every head count
+    answers alike: refused naming the two closest readings, and --heads settles it."""
+    directory = tmp_path / "flat"
+    shutil.copytree(sources["bert"]["checkpoint"], directory)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(directory)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("query.weight", "query.bias", "key.weight", "key.bias")):
+                param.zero_()
+    model.save_pretrained(directory, safe_serialization=True)
+    graph = torch_onnx(directory, tmp_path / "flat.onnx", "bert")
+    with pytest.raises(RecoverError, match="two readings answer") as refused:
+        checkpoint_from_onnx(graph, tmp_path / "a", tokenizer=directory)
+    assert str(refused.value).count("'heads'") == 2
+    report = checkpoint_from_onnx(graph, tmp_path / "b", tokenizer=directory, heads=4)
+    assert report["heads"] == 4 and report["heads_from"] == "--heads"
+
+
 def test_a_weight_without_a_module_path_is_refused_by_name(sources, tmp_path):
     """A graph whose weight-holding node lost its torch module path (a renamed node) cannot be
     read by name, and the import names the node."""
