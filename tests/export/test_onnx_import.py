@@ -68,19 +68,7 @@ def torch_onnx(directory: Path, out: Path, family: str) -> Path:
     """A plain `torch.onnx.export` of the model: one graph file, nothing beside it."""
     model = transformers.AutoModelForSequenceClassification.from_pretrained(directory).eval()
     names = ["input_ids", "attention_mask", *(["token_type_ids"] if family in SEGMENTS else [])]
-    example = tuple(torch.ones((2, 8), dtype=torch.long) for _ in names)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    torch.onnx.export(
-        model,
-        example,
-        str(out),
-        input_names=names,
-        output_names=["logits"],
-        dynamic_axes={n: {0: "batch", 1: "sequence"} for n in names},
-        opset_version=17,
-        dynamo=False,
-    )
-    return out
+    return export_head(model, out, ["logits"], names)
 
 
 def optimum(directory: Path, out: Path) -> Path:
@@ -235,18 +223,7 @@ def test_another_architectures_graph_is_refused_naming_its_weights(sources, tmp_
     )
     torch.manual_seed(0)
     model = transformers.MPNetForSequenceClassification(config).eval()
-    names = ["input_ids", "attention_mask"]
-    graph = tmp_path / "mpnet.onnx"
-    torch.onnx.export(
-        model,
-        tuple(torch.ones((2, 8), dtype=torch.long) for _ in names),
-        str(graph),
-        input_names=names,
-        output_names=["logits"],
-        dynamic_axes={n: {0: "batch", 1: "sequence"} for n in names},
-        opset_version=17,
-        dynamo=False,
-    )
+    graph = export_head(model, tmp_path / "mpnet.onnx", ["logits"], ["input_ids", "attention_mask"])
     with pytest.raises(RecoverError, match=r"mpnet\.\*, no family this reader maps"):
         checkpoint_from_onnx(graph, tmp_path / "out", tokenizer=sources["bert"]["checkpoint"])
 
@@ -353,8 +330,14 @@ def sources_vocab(root: Path) -> Path:
     return path
 
 
-def export_head(model, out: Path, outputs: list[str]) -> Path:
-    names = ["input_ids", "attention_mask", "token_type_ids"]
+def export_head(
+    model,
+    out: Path,
+    outputs: list[str],
+    names: tuple[str, ...] | list[str] = ("input_ids", "attention_mask", "token_type_ids"),
+) -> Path:
+    """A plain `torch.onnx.export` of `model`: one graph file, nothing beside it."""
+    names = list(names)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.onnx.export(
         model,
