@@ -229,15 +229,32 @@ def check_answer(
     base64: bool,
     limits: Any,
     remedy: str = "Send fewer inputs a request",
+    text_bytes: int = 0,
 ) -> None:
-    """Refuse, before any work, a request whose answer would pass max_response_bytes."""
-    size, most = answer_bytes(ctx, vectors, dimensions, base64), limits.max_response_bytes
+    """Refuse, before any work, a request whose answer would pass max_response_bytes;
+    `text_bytes`: what the answer carries besides its vectors (chunks' texts)."""
+    size = answer_bytes(ctx, vectors, dimensions, base64) + text_bytes
+    most = limits.max_response_bytes
     if size > most:
+        texts = f" and {text_bytes:,} bytes of text" if text_bytes else ""
         raise TooLarge(
             f"{vectors:,} vectors of {dimensions or ctx.spec.architecture.hidden_size} "
-            f"components may take {size:,} bytes; the answer limit is {most:,} "
+            f"components{texts} may take {size:,} bytes; the answer limit is {most:,} "
             f"(BERTSERVE_MAX_RESPONSE_BYTES). {remedy}, or ask for fewer dimensions"
         )
+
+
+def chunk_text_bytes(doc: Document) -> int:
+    """At most how many bytes a document's chunks' texts take as JSON strings: each
+    character's UTF-8 bytes, 6 for one JSON escapes (a quote, a backslash, a control
+    character), summed over each chunk from prefix sums (overlapping chunks repeat text)."""
+    import numpy as np
+
+    points = np.frombuffer(doc.text.encode("utf-32-le"), dtype=np.uint32)
+    sizes = 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000)
+    sizes[(points < 0x20) | (points == 0x22) | (points == 0x5C)] = 6
+    ends = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+    return int(sum(ends[c.end] - ends[c.start] + 10 for c in doc.chunks))
 
 
 def text_rows(
@@ -604,9 +621,12 @@ class EmbedChunks(Task):
         check_chunk_tokens(ctx, size, len(prefix))
         late_room = window if request.late else None
         docs = documents(ctx, items, size, overlap, late_room=late_room)
-        # A chunk a vector: the answer's size is known now, before the model runs.
+        # A chunk a vector (and with return_text its text): the answer's size is known now,
+        # before the model runs.
         remedy = "Send fewer or shorter inputs a request, larger chunk_tokens or less overlap"
-        check_answer(ctx, sum(len(d.chunks) for d in docs), request.dimensions, False, ctx, remedy)
+        texts = sum(chunk_text_bytes(d) for d in docs) if request.return_text else 0
+        count = sum(len(d.chunks) for d in docs)
+        check_answer(ctx, count, request.dimensions, False, ctx, remedy, texts)
         if not request.late:
             rows: list[Row] = []
             spans = []

@@ -240,6 +240,25 @@ def test_chunks_past_the_answer_limit_are_refused_before_the_model_runs(tmp_path
     assert sum(float(line.split()[-1]) for line in batches) == 1  # only the one that fits ran
 
 
+def test_chunk_texts_count_in_the_answer_limit(tmp_path):
+    """With return_text each chunk carries its text: words of 101 letters are one piece each
+    ([UNK]), so chunks of 8 pieces overlapping by 7 carry 100 times the request in text. The
+    texts count before the model runs; without them the same request fits."""
+    (tmp_path / EMBED).symlink_to(BUNDLES / EMBED)
+    text = " ".join(chr(97 + i % 26) * 101 for i in range(200))  # 20 kB, 200 pieces
+    body = {"inputs": text, "chunk_tokens": 8, "overlap_tokens": 7, "dimensions": 8}
+    with live_server(bundles=tmp_path, max_response_bytes=100_000) as live, live.client() as c:
+        with_text = [
+            c.post("/embed/chunks", json=body | {"return_text": True, "late": late})
+            for late in (False, True)
+        ]
+        vectors_only = c.post("/embed/chunks", json=body)
+    for answer in with_text:
+        assert answer.status_code == 413, answer.text
+        assert "bytes of text" in answer.json()["error"]
+    assert vectors_only.status_code == 200 and len(vectors_only.json()[0]) == 193
+
+
 def test_long_input_server_default_chunks(tmp_path):
     (tmp_path / EMBED).symlink_to(BUNDLES / EMBED)
     with live_server(bundles=tmp_path, long_input="chunk") as live, live.client() as c:
