@@ -150,17 +150,27 @@ class CallCost:
     def __init__(self) -> None:
         self.w = self.sx = self.sy = self.sxx = self.sxy = 0.0
         self.around_s = 0.0
-        # Seconds a token in large calls (batched, alone, or the warm-up's), averaged: the cost
-        # of a token while the fit has no spread of sizes (a reranker's full batches are alike).
-        self.large_rate: float | None = None
+        # Seconds a token in large calls (batched, or a client batch's alone) by the call's padded
+        # length, averaged: the cost of a token while the fit has no spread of sizes (a
+        # reranker's full batches are alike). By length, as attention makes a long row's token
+        # dearer than a short row's.
+        self.by_length: dict[int, float] = {}
 
-    def note_large(self, tokens: int, call_s: float) -> None:
-        """A call's time towards `large_rate`, if it had at least LARGE_TOKENS padded tokens."""
-        if tokens >= self.LARGE_TOKENS:
-            rate = call_s / tokens
-            self.large_rate = (
-                rate if self.large_rate is None else 0.8 * self.large_rate + 0.2 * rate
-            )
+    def note_large(self, feeds: dict[str, np.ndarray], call_s: float) -> None:
+        """A call's time towards `by_length`, if it had at least LARGE_TOKENS padded tokens."""
+        rows, length = feeds["input_ids"].shape
+        if rows * length >= self.LARGE_TOKENS:
+            rate = call_s / (rows * length)
+            old = self.by_length.get(length)
+            self.by_length[length] = rate if old is None else 0.8 * old + 0.2 * rate
+
+    def large_rate(self, length: int) -> float | None:
+        """The cost of a token of a row `length` long in large calls: interpolated between the
+        lengths measured, the nearest beyond them; None before any is measured."""
+        if not self.by_length:
+            return None
+        lengths = sorted(self.by_length)
+        return float(np.interp(length, lengths, [self.by_length[n] for n in lengths]))
 
     def observe(self, tokens: int, call_s: float, cycle_s: float) -> None:
         d = self.DECAY
@@ -171,7 +181,6 @@ class CallCost:
         self.sxy = d * self.sxy + tokens * call_s
         around = max(cycle_s - call_s, 0.0)
         self.around_s = around if self.w < 1.5 else 0.8 * self.around_s + 0.2 * around
-        self.note_large(tokens, call_s)
 
     def seconds_per_token(self) -> float | None:
         """The fitted cost of one more token in a call; None until a spread of sizes is
@@ -388,12 +397,14 @@ class Batcher:
     def work_s(self, rows: list[Row]) -> float:
         """At least how long the model takes for `rows`: their tokens at the marginal cost of a
         token in batched calls (`CallCost`), the calls' fixed cost left out; until calls of a
-        spread of sizes are measured, at the cost of a token in large calls (the warm-up's
-        among them); 0 before either is measured. A rate of whole cycles would not do:
+        spread of sizes are measured, at the cost of a token in large calls of its row's
+        length; 0 before either is measured. A rate of whole cycles would not do:
         measured on requests of one input it makes a batched token look many times dearer than
         it is."""
-        per_token = self.cost.seconds_per_token() or self.cost.large_rate
-        return sum(len(r) for r in rows) * per_token if per_token else 0.0
+        per_token = self.cost.seconds_per_token()
+        if per_token:
+            return sum(len(r) for r in rows) * per_token
+        return sum(len(r) * (self.cost.large_rate(len(r)) or 0.0) for r in rows)
 
     def refusal(self, rows: int = 1, bulk: bool = False) -> str | None:
         """Why `rows` more sequences would be refused (None: admitted).
@@ -519,7 +530,7 @@ class Batcher:
                 # load. A client batch's calls alone are measured: the bulk lane's time bound
                 # (refusal) needs a rate, and they may be all the model runs.
                 self.lone_cost.observe(feeds, call_s)
-                self.cost.note_large(feeds["input_ids"].size, call_s)
+                self.cost.note_large(feeds, call_s)
                 cycle_start = now
                 continue
             # Rows served per second of a whole cycle (waiting for the loop, padding, the model,
@@ -531,6 +542,7 @@ class Batcher:
             cycle = now - cycle_start
             self.cycle_s = cycle if not self.cycle_s else 0.8 * self.cycle_s + 0.2 * cycle
             self.cost.observe(feeds["input_ids"].size, call_s, cycle)
+            self.cost.note_large(feeds, call_s)
             cycle_start = now
 
     async def _watch(self) -> None:

@@ -26,10 +26,6 @@ def warm_up(models: Iterable[Model], settings: Settings) -> None:
         first = model.engine.run(shapes[0])
         for feeds in shapes[1:]:
             model.engine.run(feeds)
-        for feeds in shapes[1:]:  # timed once warm: a token's cost until requests measure it
-            call = time.perf_counter()
-            model.engine.run(feeds)
-            model.batcher.cost.note_large(feeds["input_ids"].size, time.perf_counter() - call)
         if isinstance(model.engine, Engine) and model.engine.runs_alone:
             for feeds in (shapes[0], shapes[-1]):  # the lone session's: one row, any length
                 model.engine.run(feeds, alone=True)

@@ -36,6 +36,7 @@ from bertserve.service.http.errors import (
     NotFound,
     RequestError,
     Unauthorized,
+    UnsupportedEncoding,
     answer_of,
     error_response,
     internal_error_response,
@@ -93,10 +94,21 @@ class BodyLimit:
         too_large = error_response(413, "too_large", message, path=path)
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await too_large(scope, receive, send)
-        encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip()
-        if encoding.lower() != "identity":  # a gzip body would fail as "not JSON"
-            message = f"Content-Encoding {encoding!r} is not supported: send the body uncompressed"
-            refused = error_response(415, "unsupported_media_type", message, path=path)
+        codings = [  # every Content-Encoding header, each a list: a gzip body is not JSON
+            c.strip()
+            for k, v in scope["headers"]
+            if k == b"content-encoding"
+            for c in v.decode("latin-1").split(",")
+            if c.strip() and c.strip().lower() != "identity"
+        ]
+        if codings:
+            message = f"Content-Encoding {', '.join(codings)} is not supported: send the body "
+            refused = error_response(
+                UnsupportedEncoding.status,
+                UnsupportedEncoding.error_type,
+                message + "uncompressed",
+                path=path,
+            )
             return await refused(scope, receive, send)
         chunks: list[bytes] = []
         size = 0
@@ -246,7 +258,10 @@ class ServiceApp(FastAPI):
         schema = super().openapi()
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         for name, body in SELF_READ_BODIES.items():
-            components.setdefault(name, body.model_json_schema(ref_template=REF + "{model}"))
+            document = body.model_json_schema(ref_template=REF + "{model}")
+            for nested, part in document.pop("$defs", {}).items():  # its own models, beside it
+                components.setdefault(nested, part)
+            components.setdefault(name, document)
         state = self.state.service
         if not state.models:
             self.openapi_schema = None

@@ -129,6 +129,12 @@ class HeadersTooLarge(HttpError):
     status, error_type = 431, "too_large"
 
 
+class UnsupportedEncoding(HttpError):
+    """A body sent compressed (Content-Encoding): read as it arrives, it would not be JSON."""
+
+    status, error_type = 415, "unsupported_media_type"
+
+
 class Unavailable(HttpError):
     """The service's own 503s that carry headers (`Connection: close` while draining)."""
 

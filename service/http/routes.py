@@ -40,6 +40,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (401, "missing or wrong bearer token"),
         (404, "no such model"),
         (413, "input or client batch too large"),
+        (415, "a compressed body (Content-Encoding)"),
         (422, "invalid input"),
         (429, "overloaded: retry after Retry-After seconds"),
         (503, "not ready or draining"),
@@ -244,15 +245,27 @@ SELF_READ_BODIES: dict[str, type[BaseModel]] = {"DecodeRequest": DecodeRequest}
 
 
 async def decode_body(request: Request) -> DecodeRequest:
-    """/decode's body, validated as FastAPI would, off the event loop when large."""
+    """/decode's body, read as FastAPI reads a JSON body (a JSON Content-Type, or none; the
+    JSON decoded, then validated in Python mode), off the event loop when large."""
+    kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if kind != "application/json" and not (
+        kind.startswith("application/") and kind.endswith("+json")
+    ):
+        raise InvalidInput(f"the body must be JSON (Content-Type: application/json), not {kind}")
     raw = await request.body()
-    try:
-        if len(raw) > LARGE_BODY:
-            return await asyncio.to_thread(DecodeRequest.model_validate_json, raw)
-        return DecodeRequest.model_validate_json(raw)
-    except ValidationError as exc:
-        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
-        raise RequestValidationError(errors) from None
+
+    def parse() -> DecodeRequest:
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise RequestValidationError([{"type": "json_invalid", "loc": ("body",)}]) from None
+        try:
+            return DecodeRequest.model_validate(data)
+        except ValidationError as exc:
+            errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+            raise RequestValidationError(errors) from None
+
+    return await asyncio.to_thread(parse) if len(raw) > LARGE_BODY else parse()
 
 
 @api.post(

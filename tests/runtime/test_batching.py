@@ -538,3 +538,19 @@ def test_lone_cost_keeps_more_mask_slots_than_measured_off_the_loop():
         cost.observe(small, 0.002)
     assert cost.inline(small)
     assert not cost.inline(many)  # its slots were measured, but never within INLINE_S
+
+
+def test_the_cost_of_a_token_in_large_calls_follows_the_row_length():
+    """Before a spread of sizes is measured, a token is priced by the length of its row:
+    interpolated between the padded lengths measured (attention makes long rows' tokens
+    dearer), the nearest beyond them; small calls, whose fixed cost weighs, do not count."""
+    cost = CallCost()
+    assert cost.large_rate(64) is None
+    short, long_ = np.zeros((32, 32), np.int64), np.zeros((2, 512), np.int64)
+    cost.note_large({"input_ids": short}, 32 * 32 * 1e-4)
+    cost.note_large({"input_ids": long_}, 2 * 512 * 3e-4)
+    cost.note_large({"input_ids": np.zeros((2, 128), np.int64)}, 1.0)  # small: not counted
+    assert cost.large_rate(32) == pytest.approx(1e-4)
+    assert cost.large_rate(512) == pytest.approx(3e-4)
+    assert cost.large_rate(272) == pytest.approx(2e-4)
+    assert cost.large_rate(8) == pytest.approx(1e-4) and cost.large_rate(900) == pytest.approx(3e-4)

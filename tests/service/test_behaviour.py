@@ -584,7 +584,11 @@ def test_non_utf8_and_oversized_bodies(server):
         headers = {"content-type": "application/json", "content-encoding": "gzip"}
         packed = c.post("/classify", content=body, headers=headers)
         assert packed.status_code == 415, packed.text
-        assert "'gzip' is not supported" in packed.json()["error"]
+        assert "Content-Encoding gzip is not supported" in packed.json()["error"]
+        assert packed.json()["error_type"] == "unsupported_media_type"
+        two = [("content-type", "application/json"), ("content-encoding", "gzip")]
+        two.append(("content-encoding", "identity"))  # the last header alone would pass
+        assert c.post("/classify", content=body, headers=two).status_code == 415
         plain = {"content-type": "application/json", "content-encoding": "identity"}
         assert c.post("/classify", content=b'{"inputs": "a"}', headers=plain).status_code == 200
 
@@ -800,18 +804,20 @@ def test_a_client_batch_past_its_deadline_is_refused_before_its_model_time(bundl
 def test_the_deadline_refusal_holds_before_a_spread_of_sizes_is_measured(bundle_dir):
     """The marginal cost of a token needs calls of a spread of sizes, which a reranker's full
     batches of long pairs never give (a 256-document /v1/rerank ran 35 s, then 504): until
-    then the cost of a token in large calls stands in, first the warm-up's."""
+    then the cost of a token in large calls of the row's length stands in."""
     from bertserve.runtime.batching import CallCost
 
     with live_server(bundles=bundle_dir, request_timeout_s=2) as live:
         batcher = live.state.models["sentiment"].batcher
-        assert batcher.cost.large_rate is not None  # the warm-up's full batch
-        assert batcher.cost.seconds_per_token() is None
+        assert batcher.cost.large_rate(8) is None  # nothing large measured yet
         alike = CallCost()
+        full = {"input_ids": np.zeros((16, 128), np.int64)}
         for _ in range(20):
             alike.observe(2048, 2.048, 2.1)  # 1 ms a token, all calls of one size
+            alike.note_large(full, 2.048)
         assert alike.seconds_per_token() is None
-        assert alike.large_rate == pytest.approx(1e-3)
+        assert alike.large_rate(128) == pytest.approx(1e-3)
+        assert alike.large_rate(8) == pytest.approx(1e-3)  # the nearest length measured
         batcher.cost = alike
         with live.client() as c:
             refused = c.post("/classify", json={"inputs": ["a good film"] * 400})
