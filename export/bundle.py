@@ -239,7 +239,10 @@ def build_bundle(
     limit = sentence.get("max_seq_length") or min(512, read_model_max_length(checkpoint) or 512)
     max_len = max_seq_len or min(limit, config.max_sequence)
     if not 8 <= max_len <= config.max_sequence:
-        raise ValueError(f"--max-seq-len {max_len} must be in 8..{config.max_sequence}")
+        named = (
+            "--max-seq-len" if max_seq_len else "the length its files give (--max-seq-len sets it)"
+        )
+        raise ValueError(f"{named} {max_len} must be in 8..{config.max_sequence}")
     if precision not in TOLERANCE:
         raise ValueError(f"--precision {precision!r} is not one of {sorted(TOLERANCE)}")
     model = load_model(checkpoint, task_architecture(tasks)).eval()

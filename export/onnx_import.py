@@ -141,9 +141,10 @@ def _family(keys: set[str], given: str | None) -> list[str]:
         # Neither a family's prefix nor a bare encoder's names: another architecture's graph.
         roots = sorted({k.split(".")[0] for k in keys if "." in k})
         supported = ", ".join(sorted({*PREFIXES.values(), "distilbert"}))
+        named = ", ".join(r + ".*" for r in roots[:4]) or "without module paths"
         raise RecoverError(
-            f"the graph's weights are named {', '.join(r + '.*' for r in roots[:4])}, no "
-            f"family this reader maps (it reads {supported}, and bare encoders)"
+            f"the graph's weights are named {named}, no family this reader maps (it reads "
+            f"{supported}, and bare encoders)"
         )
     return ["bert", "roberta"]
 

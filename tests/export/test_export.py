@@ -537,6 +537,9 @@ def test_a_tokenizers_model_max_length_gives_the_length(checkpoints, tmp_path):
     (source / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 24}))
     assert build_bundle(source, ["embed"], tmp_path / "b").max_seq_len == 24
     (source / "sentence_bert_config.json").unlink()
+    (source / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 4}))
+    with pytest.raises(ValueError, match="the length its files give"):
+        build_bundle(source, ["embed"], tmp_path / "short")
     (source / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 1e30}))
     default = build_bundle(source, ["embed"], tmp_path / "c").max_seq_len
     assert (

@@ -152,8 +152,9 @@ def test_a_long_question_is_cut_at_a_piece_boundary_to_the_limit():
 
 @pytest.mark.parametrize("direction", ["Right", "Left"])
 def test_a_long_query_cut_once_pairs_as_the_whole_query_would(bundle_dir, direction):
-    """/rerank cuts an over-long query once (`within_tokens`) instead of tokenising it again
-    beside each document: every pair it makes is the pair the whole query would make."""
+    """/rerank encodes an over-long query once instead of again beside each document
+    (`TaskContext.truncated(first=...)`): every pair it makes is the pair the whole query
+    would make, cut from either end."""
     import random
 
     from bertserve.runtime.bundle import load_bundle_spec
