@@ -37,6 +37,7 @@ from bertserve.service.http.errors import (
     RequestError,
     Unauthorized,
     UnsupportedEncoding,
+    UnsupportedTransferCoding,
     answer_of,
     error_response,
     internal_error_response,
@@ -60,6 +61,18 @@ RETIRING_HEADERS: dict[bool, tuple[tuple[bytes, bytes], ...]] = {
     False: (),
     True: ((b"connection", b"close"),),
 }
+
+
+def codings_of(scope: Scope, header: bytes, understood: tuple[str, ...] = ()) -> list[str]:
+    """The codings every `header` of the request lists, less identity and `understood`."""
+    known = {"identity", *understood}
+    return [
+        c.strip()
+        for k, v in scope["headers"]
+        if k == header
+        for c in v.decode("latin-1").split(",")
+        if c.strip() and c.strip().lower() not in known
+    ]
 
 
 class BodyLimit:
@@ -94,13 +107,17 @@ class BodyLimit:
         too_large = error_response(413, "too_large", message, path=path)
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await too_large(scope, receive, send)
-        codings = [  # every Content-Encoding header, each a list: a gzip body is not JSON
-            c.strip()
-            for k, v in scope["headers"]
-            if k == b"content-encoding"
-            for c in v.decode("latin-1").split(",")
-            if c.strip() and c.strip().lower() != "identity"
-        ]
+        framing = codings_of(scope, b"transfer-encoding", ("chunked",))
+        if framing:  # the server reads chunked framing only, not what is inside it
+            message = f"Transfer-Encoding {', '.join(framing)} is not supported: send the body "
+            refused = error_response(
+                UnsupportedTransferCoding.status,
+                UnsupportedTransferCoding.error_type,
+                message + "uncompressed, chunked or with a Content-Length",
+                path=path,
+            )
+            return await refused(scope, receive, send)
+        codings = codings_of(scope, b"content-encoding")  # a gzip body is not JSON
         if codings:
             message = f"Content-Encoding {', '.join(codings)} is not supported: send the body "
             refused = error_response(

@@ -135,6 +135,12 @@ class UnsupportedEncoding(HttpError):
     status, error_type = 415, "unsupported_media_type"
 
 
+class UnsupportedTransferCoding(HttpError):
+    """A body framed with a transfer coding besides chunked (gzip, deflate): RFC 9112 says 501."""
+
+    status, error_type = 501, "not_implemented"
+
+
 class Unavailable(HttpError):
     """The service's own 503s that carry headers (`Connection: close` while draining)."""
 

@@ -41,6 +41,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (404, "no such model"),
         (413, "input or client batch too large"),
         (415, "a compressed body (Content-Encoding)"),
+        (501, "a transfer coding besides chunked"),
         (422, "invalid input"),
         (429, "overloaded: retry after Retry-After seconds"),
         (503, "not ready or draining"),

@@ -747,3 +747,22 @@ def test_past_the_cap_a_body_over_max_queued_bytes_gets_no_place(bundle_dir):
         large.sendall(post("/classify", pair))
         assert read_response(large)[0] == 503
         assert live.state.queued == 0 and live.state.queued_bytes == 0
+
+
+def test_a_transfer_coding_besides_chunked_is_refused_501(bundle_dir):
+    """`Transfer-Encoding: gzip, chunked` was read as plain chunked and its compressed bytes
+    parsed as JSON; a coding the server does not undo is a 501 (RFC 9112), naming it, and the
+    connection serves the next request. Plain chunked framing is read as before."""
+    body = b'{"inputs": "a fine film"}'
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    answers = []
+    with live_server(bundles=bundle_dir) as live, connect(live) as sock:
+        for coding in (b"gzip, chunked", b"chunked"):
+            sock.sendall(
+                b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: " + coding + b"\r\n\r\n" + chunked
+            )
+            answers.append(read_response(sock))
+    (refused, _, message), (served, _, labels) = answers
+    assert refused == 501 and b"Transfer-Encoding gzip is not supported" in message
+    assert served == 200 and json.loads(labels)[0]["label"]
