@@ -81,6 +81,13 @@ class HttpError(RequestError):
         self.headers = headers or {}
 
 
+class BadRequest(HttpError):
+    """HTTP the parser cannot read (two Content-Lengths, a bad chunk size, bytes a request line
+    may not hold): the connection ends after it."""
+
+    status, error_type = 400, "bad_request"
+
+
 class Unauthorized(HttpError):
     status, error_type = 401, "unauthorized"
 

@@ -33,6 +33,7 @@ import asyncio
 import fcntl
 import termios
 import urllib.parse
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -44,6 +45,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from bertserve.service.http.asgi import ADMITTED, CONNECTION_LOST, SAFE_ID
 from bertserve.service.http.auth import authorizations, authorized
 from bertserve.service.http.errors import (
+    BadRequest,
     HeadersTooLarge,
     RequestError,
     RequestTimeout,
@@ -241,6 +243,19 @@ class GuardedProtocol(HttpToolsProtocol):
         super().data_received(data)
         if self._framing is not None and self._framing_read < self._reads:
             self._framing_received(len(data))  # all of it after a size line, none of it data
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to HTTP its parser cannot read, in the service's error shape (JSON,
+        an error_type, an X-Request-ID) instead of plain text; the connection ends after it."""
+        if self.transport.is_closing():
+            return
+        request_id = request_id_of(self.headers) or uuid.uuid4().hex.encode("ascii")
+        error = BadRequest(
+            f"the request is not HTTP/1.1 the server can read ({msg.rstrip('.')})",
+            {"Connection": "close"},
+        )
+        self.transport.write(encode(error, request_id))
+        self.transport.close()
 
     # --- a chunked body's framing: size lines and trailers, bounded as a head is ----------------
 

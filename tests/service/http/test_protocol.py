@@ -766,3 +766,27 @@ def test_a_transfer_coding_besides_chunked_is_refused_501(bundle_dir):
     (refused, _, message), (served, _, labels) = answers
     assert refused == 501 and b"Transfer-Encoding gzip is not supported" in message
     assert served == 200 and json.loads(labels)[0]["label"]
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 7\r\n",
+        b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n",
+        b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        b"Content-Length: 5\r\n",
+        b"POST /classify?\xff HTTP/1.1\r\nHost: x\r\n",
+    ],
+)
+def test_http_the_parser_cannot_read_gets_the_services_error_shape(bundle_dir, head):
+    """uvicorn answered unreadable HTTP (two Content-Lengths, a negative one, both framings,
+    bytes a request line may not hold) with a plain-text 400 and no X-Request-ID: it is a
+    JSON 400 with an error_type and an id, and the connection ends."""
+    with live_server(bundles=bundle_dir) as live, connect(live) as sock:
+        sock.sendall(head + b"X-Request-ID: bad-frame-1\r\n\r\n{}\r\n")
+        status, headers, body = read_response(sock)
+        assert status == 400, body
+        assert headers["content-type"] == "application/json"
+        assert headers["connection"] == "close" and headers["x-request-id"]
+        assert json.loads(body)["error_type"] == "bad_request"
+        assert "not HTTP/1.1 the server can read" in json.loads(body)["error"]
