@@ -109,6 +109,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_header_bytes",
         "header_timeout_s",
         "body_timeout_s",
+        "body_min_rate",
         "keep_alive_s",
         "max_connections",
         "max_anonymous_connections",
@@ -403,6 +404,16 @@ class Settings(BaseSettings):
     )
     body_timeout_s: float = Field(
         30.0, gt=0, description="and its body within this; past either, 408 and close"
+    )
+    # A body's deadline grows with its bytes (as Apache's mod_reqtimeout MinRate): a client that
+    # sends a byte now and then holds a receiving slot for BODY_GRACE_S, not body_timeout_s, so
+    # holding every slot (max_receiving) takes many new requests a second, not a few a minute.
+    body_min_rate: float = Field(
+        500.0,
+        ge=0,
+        description="bytes/s a body must keep up after its first 5 s (the deadline is 5 s plus "
+        "a second for each this many bytes, at most body_timeout_s); slower: 408 and close; "
+        "0: off",
     )
     # uvicorn's default is 5 s. A client that reuses a connection in the instant the server closes
     # it for idleness has its request reset, unanswered (the overload runs' resets,

@@ -75,6 +75,10 @@ def codings_of(scope: Scope, header: bytes, understood: tuple[str, ...] = ()) ->
     ]
 
 
+# The seconds a body may take before it must keep up BERTSERVE_BODY_MIN_RATE.
+BODY_GRACE_S = 5.0
+
+
 class BodyLimit:
     """Refuse bodies over the limit before reading them (Content-Length) or as soon as the
     streamed bytes pass it (chunked), so a 10 MB body never sits in memory.
@@ -90,10 +94,13 @@ class BodyLimit:
         limit: int,
         timeout: float,
         crowded: Callable[[str], ASGIApp] | None = None,
+        min_rate: float = 0.0,
     ) -> None:
         """`crowded`: the answer (for a request's path) to a request whose body completed with
-        every in-flight slot taken (service.state.Slot)."""
+        every in-flight slot taken (service.state.Slot). `min_rate`: bytes/s a body must keep
+        up after BODY_GRACE_S (0: only `timeout` bounds it)."""
         self.app, self.limit, self.timeout, self.crowded = app, limit, timeout, crowded
+        self.min_rate = min_rate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -130,9 +137,16 @@ class BodyLimit:
         chunks: list[bytes] = []
         size = 0
         # One deadline for the whole body (a body sent a byte at a time, or shorter than its
-        # Content-Length, ends here). asyncio.timeout, not wait_for: no task per receive().
+        # Content-Length, ends here), BODY_GRACE_S plus a second a min_rate bytes, at most
+        # `timeout`. asyncio.timeout, not wait_for: no task per receive().
+        start = asyncio.get_running_loop().time()
+        end = start + self.timeout
+
+        def deadline() -> float:
+            return min(end, start + BODY_GRACE_S + size / self.min_rate) if self.min_rate else end
+
         try:
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout_at(deadline()) as bound:
                 while True:
                     msg = await receive()
                     if msg["type"] != "http.request":  # the client left before the body was in
@@ -144,8 +158,14 @@ class BodyLimit:
                     chunks.append(chunk)
                     if not msg.get("more_body", False):
                         break
+                    bound.reschedule(deadline())
         except TimeoutError:
             slow = f"the request body did not arrive within {self.timeout:g} s"
+            if deadline() < end:
+                slow = (
+                    f"the request body arrived slower than {self.min_rate:g} bytes/s "
+                    f"({size:,} bytes in {asyncio.get_running_loop().time() - start:.1f} s)"
+                )
             response = error_response(408, "timeout", slow, {"Connection": "close"}, path)
             return await response(scope, receive, send)
         slot = scope.get("extensions", {}).get(ADMITTED)
@@ -347,6 +367,7 @@ def create_app(settings: Settings) -> ServiceApp:
         fast,
         limit=settings.max_body_bytes,
         timeout=settings.body_timeout_s,
+        min_rate=settings.body_min_rate,
         crowded=lambda path: service_error_response(state.admission.crowded, state.metrics, path),
     )
     app.front = RequestContext(limited, state)  # outermost: sees every response

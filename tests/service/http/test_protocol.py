@@ -790,3 +790,34 @@ def test_http_the_parser_cannot_read_gets_the_services_error_shape(bundle_dir, h
         assert headers["connection"] == "close" and headers["x-request-id"]
         assert json.loads(body)["error_type"] == "bad_request"
         assert "not HTTP/1.1 the server can read" in json.loads(body)["error"]
+
+
+def test_a_body_must_keep_up_the_minimum_rate(bundle_dir, monkeypatch):
+    """A client that sends a body a byte now and then held a receiving slot for the whole body
+    timeout (600 of them kept every other client out): past the grace, a body must keep up
+    BERTSERVE_BODY_MIN_RATE, else 408 and close. A body that keeps up is read whole."""
+    import time
+
+    from bertserve.service.http import app as app_module
+
+    monkeypatch.setattr(app_module, "BODY_GRACE_S", 0.3)
+    body = json.dumps({"inputs": "a fine film " * 15}).encode()  # 200 bytes
+    head = (
+        b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    )
+    with live_server(bundles=bundle_dir, body_min_rate=100, body_timeout_s=20) as live:
+        with connect(live) as sock:
+            started = time.monotonic()
+            sock.sendall(head + body[:1])
+            status, headers, answer = read_response(sock)
+            assert status == 408 and headers["connection"] == "close"
+            assert "slower than 100 bytes/s" in json.loads(answer)["error"]
+            assert time.monotonic() - started < 5  # not the 20 s body timeout
+        with connect(live) as sock:
+            sock.sendall(head)
+            for i in range(0, len(body), 20):  # 200 bytes/s: twice the minimum
+                sock.sendall(body[i : i + 20])
+                time.sleep(0.1)
+            status, _, answer = read_response(sock)
+            assert status == 200, answer
