@@ -75,6 +75,16 @@ def codings_of(scope: Scope, header: bytes, understood: tuple[str, ...] = ()) ->
     ]
 
 
+# The body codings refused: the header, its error, the codings understood, what to send.
+CODINGS: tuple[tuple[bytes, type[HttpError], tuple[str, ...], str], ...] = (
+    (
+        b"transfer-encoding",
+        UnsupportedTransferCoding,
+        ("chunked",),
+        "uncompressed, chunked or with a Content-Length",
+    ),
+    (b"content-encoding", UnsupportedEncoding, (), "uncompressed"),
+)
 # The seconds a body may take before it must keep up BERTSERVE_BODY_MIN_RATE.
 BODY_GRACE_S = 5.0
 
@@ -114,26 +124,14 @@ class BodyLimit:
         too_large = error_response(413, "too_large", message, path=path)
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await too_large(scope, receive, send)
-        framing = codings_of(scope, b"transfer-encoding", ("chunked",))
-        if framing:  # the server reads chunked framing only, not what is inside it
-            message = f"Transfer-Encoding {', '.join(framing)} is not supported: send the body "
-            refused = error_response(
-                UnsupportedTransferCoding.status,
-                UnsupportedTransferCoding.error_type,
-                message + "uncompressed, chunked or with a Content-Length",
-                path=path,
-            )
-            return await refused(scope, receive, send)
-        codings = codings_of(scope, b"content-encoding")  # a gzip body is not JSON
-        if codings:
-            message = f"Content-Encoding {', '.join(codings)} is not supported: send the body "
-            refused = error_response(
-                UnsupportedEncoding.status,
-                UnsupportedEncoding.error_type,
-                message + "uncompressed",
-                path=path,
-            )
-            return await refused(scope, receive, send)
+        # The server reads chunked framing only, not what is inside it; a gzip body is not JSON.
+        for header, error, understood, send_it in CODINGS:
+            codings = codings_of(scope, header, understood)
+            if codings:
+                named = f"{header.decode().title()} {', '.join(codings)}"
+                message = f"{named} is not supported: send the body {send_it}"
+                refused = error_response(error.status, error.error_type, message, path=path)
+                return await refused(scope, receive, send)
         chunks: list[bytes] = []
         size = 0
         # One deadline for the whole body (a body sent a byte at a time, or shorter than its
