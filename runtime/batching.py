@@ -164,13 +164,16 @@ class CallCost:
             old = self.by_length.get(length)
             self.by_length[length] = rate if old is None else 0.8 * old + 0.2 * rate
 
-    def large_rate(self, length: int) -> float | None:
-        """The cost of a token of a row `length` long in large calls: interpolated between the
-        lengths measured, the nearest beyond them; None before any is measured."""
+    def large_seconds(self, lengths: list[int]) -> float:
+        """What rows of `lengths` tokens cost at the rate of a token in large calls of each
+        row's length: interpolated between the lengths measured, the nearest beyond them; 0
+        before any is measured."""
         if not self.by_length:
-            return None
-        lengths = sorted(self.by_length)
-        return float(np.interp(length, lengths, [self.by_length[n] for n in lengths]))
+            return 0.0
+        measured = sorted(self.by_length)
+        rows = np.asarray(lengths, dtype=np.float64)
+        rates = np.interp(rows, measured, [self.by_length[n] for n in measured])
+        return float((rows * rates).sum())
 
     def observe(self, tokens: int, call_s: float, cycle_s: float) -> None:
         d = self.DECAY
@@ -404,7 +407,7 @@ class Batcher:
         per_token = self.cost.seconds_per_token()
         if per_token:
             return sum(len(r) for r in rows) * per_token
-        return sum(len(r) * (self.cost.large_rate(len(r)) or 0.0) for r in rows)
+        return self.cost.large_seconds([len(r) for r in rows])
 
     def refusal(self, rows: int = 1, bulk: bool = False) -> str | None:
         """Why `rows` more sequences would be refused (None: admitted).

@@ -32,6 +32,7 @@ from bench.ceiling import load
 from bench.run import commit
 from bertserve.model.training.data import tasks as data
 from bertserve.model.training.evaluate import machine
+from bertserve.model.training.rerank import candidates, read_articles
 from bertserve.runtime.batching import pad_rows
 from bertserve.runtime.tasks import classify, ner, rerank
 
@@ -55,30 +56,28 @@ def call(engine, rows, pad_id) -> list[np.ndarray]:
     return [out[i, : lengths[i]] if per_token else out[i] for i in range(len(rows))]
 
 
+def in_calls(rows: list, order) -> list[list]:
+    """`rows` taken in `order`, 32 a call."""
+    return [[rows[i] for i in order[s : s + 32]] for s in range(0, len(order), 32)]
+
+
 def groups_of(task: str, ctx, data_dir: Path, rng) -> list[list]:
     """The calls to compare: lists of rows, each row also run alone."""
     if task == "classify":
         texts = [e.text for e in data.read_sst2(data_dir / "sst2", "dev")]
         rows = classify.preprocess(ctx, texts, "truncate")[0]
-        order = rng.permutation(len(rows))
-        return [[rows[i] for i in order[s : s + 32]] for s in range(0, len(order), 32)]
+        return in_calls(rows, rng.permutation(len(rows)))
+    if task == "ner":
+        sentences = data.read_conll(data_dir / "conll2003", "test")[:1000]
+        rows = ner.preprocess(ctx, [" ".join(s.words) for s in sentences], 32)[1]
+        return in_calls(rows, rng.permutation(len(rows)))
+    articles, pool = read_articles(data_dir / "squad-v1.1" / "dev-v1.1.json")
     if task == "qa":  # a question and its paragraph a row; the answer's start over its tokens
-        from bertserve.model.training.rerank import read_articles
-
-        articles, pool = read_articles(data_dir / "squad-v1.1" / "dev-v1.1.json")
         rows = [
             rerank.pair_rows(ctx, q.text, [articles[q.article][q.gold]], "truncate")[0][0]
             for q in (pool[i] for i in rng.permutation(len(pool))[:320])
         ]
-        return [rows[s : s + 32] for s in range(0, len(rows), 32)]
-    if task == "ner":
-        sentences = data.read_conll(data_dir / "conll2003", "test")[:1000]
-        rows = ner.preprocess(ctx, [" ".join(s.words) for s in sentences], 32)[1]
-        order = rng.permutation(len(rows))
-        return [[rows[i] for i in order[s : s + 32]] for s in range(0, len(order), 32)]
-    from bertserve.model.training.rerank import candidates, read_articles
-
-    articles, pool = read_articles(data_dir / "squad-v1.1" / "dev-v1.1.json")
+        return in_calls(rows, range(len(rows)))
     out = []
     for i in rng.permutation(len(pool))[:100]:
         q = pool[i]

@@ -248,8 +248,6 @@ def chunk_text_bytes(doc: Document) -> int:
     """At most how many bytes a document's chunks' texts take as JSON strings: each
     character's UTF-8 bytes, 6 for one JSON escapes (a quote, a backslash, a control
     character), summed over each chunk from prefix sums (overlapping chunks repeat text)."""
-    import numpy as np
-
     points = np.frombuffer(doc.text.encode("utf-32-le"), dtype=np.uint32)
     sizes = 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000)
     sizes[(points < 0x20) | (points == 0x22) | (points == 0x5C)] = 6

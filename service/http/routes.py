@@ -30,6 +30,7 @@ from bertserve.service.http.errors import (
     TooLarge,
     openai_route,
 )
+from bertserve.service.http.fastpath import LARGE_BODY
 from bertserve.service.models import Model
 from bertserve.service.settings import Settings
 from bertserve.service.state import ServiceState
@@ -236,9 +237,8 @@ async def tokenize(request: Request, body: TokenizeRequest, model: ModelName = N
     return Response(answer, media_type="application/json")
 
 
-# A body this large is parsed and validated on a worker thread (as the task routes' are,
-# service/http/fastpath.py): 2.8 MB of ids took 70-100 ms of the event loop in FastAPI's hands.
-LARGE_BODY = 256_000
+# A body over fastpath's LARGE_BODY is parsed and validated on a worker thread, as the task
+# routes' are: 2.8 MB of ids took 70-100 ms of the event loop in FastAPI's hands.
 # Bodies a route reads itself (`decode_body`), so FastAPI does not list them: the document's
 # components get them here (service.http.app), and contract.bind writes limits into them.
 REF = "#/components/schemas/"

@@ -545,12 +545,12 @@ def test_the_cost_of_a_token_in_large_calls_follows_the_row_length():
     interpolated between the padded lengths measured (attention makes long rows' tokens
     dearer), the nearest beyond them; small calls, whose fixed cost weighs, do not count."""
     cost = CallCost()
-    assert cost.large_rate(64) is None
+    assert cost.large_seconds([64]) == 0.0
     short, long_ = np.zeros((32, 32), np.int64), np.zeros((2, 512), np.int64)
     cost.note_large({"input_ids": short}, 32 * 32 * 1e-4)
     cost.note_large({"input_ids": long_}, 2 * 512 * 3e-4)
     cost.note_large({"input_ids": np.zeros((2, 128), np.int64)}, 1.0)  # small: not counted
-    assert cost.large_rate(32) == pytest.approx(1e-4)
-    assert cost.large_rate(512) == pytest.approx(3e-4)
-    assert cost.large_rate(272) == pytest.approx(2e-4)
-    assert cost.large_rate(8) == pytest.approx(1e-4) and cost.large_rate(900) == pytest.approx(3e-4)
+    assert cost.large_seconds([32]) == pytest.approx(32 * 1e-4)
+    assert cost.large_seconds([512]) == pytest.approx(512 * 3e-4)
+    assert cost.large_seconds([272]) == pytest.approx(272 * 2e-4)
+    assert cost.large_seconds([8, 900]) == pytest.approx(8 * 1e-4 + 900 * 3e-4)  # the nearest

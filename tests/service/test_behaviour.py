@@ -809,15 +809,15 @@ def test_the_deadline_refusal_holds_before_a_spread_of_sizes_is_measured(bundle_
 
     with live_server(bundles=bundle_dir, request_timeout_s=2) as live:
         batcher = live.state.models["sentiment"].batcher
-        assert batcher.cost.large_rate(8) is None  # nothing large measured yet
+        assert batcher.cost.large_seconds([8]) == 0.0  # nothing large measured yet
         alike = CallCost()
         full = {"input_ids": np.zeros((16, 128), np.int64)}
         for _ in range(20):
             alike.observe(2048, 2.048, 2.1)  # 1 ms a token, all calls of one size
             alike.note_large(full, 2.048)
         assert alike.seconds_per_token() is None
-        assert alike.large_rate(128) == pytest.approx(1e-3)
-        assert alike.large_rate(8) == pytest.approx(1e-3)  # the nearest length measured
+        assert alike.large_seconds([128]) == pytest.approx(128e-3)
+        assert alike.large_seconds([8]) == pytest.approx(8e-3)  # the nearest length measured
         batcher.cost = alike
         with live.client() as c:
             refused = c.post("/classify", json={"inputs": ["a good film"] * 400})
