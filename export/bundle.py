@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bertserve.export.graph import (
     OPSET,
     TaskGraph,
@@ -42,6 +44,7 @@ from bertserve.export.parity import (
     sample_feeds,
     torch_outputs,
 )
+from bertserve.export.sparse import read_sparse_encoder
 from bertserve.export.variants import CONVERT, RECONVERT
 from bertserve.model.checkpoint import (
     load_model,
@@ -65,6 +68,8 @@ from bertserve.runtime.capabilities import CAPABILITIES
 
 log = logging.getLogger(__name__)
 
+# An inference-free sparse bundle's static side: a float32 weight a vocabulary id.
+STATIC_FILE = "sparse_static.npy"
 # A variant may lose at most this much task accuracy (points) against fp32 on the eval data.
 MAX_ACCURACY_DROP = 1.0
 SAMPLE_TEXTS = [
@@ -154,10 +159,11 @@ def torch_parity(
     outputs: list[str],
     max_len: int,
     pooling: dict[str, Any] | None = None,
+    sparse: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The torch model and an exported graph on the same sample sentences, compared."""
     feeds = sample_feeds(tokenizer, SAMPLE_TEXTS, inputs, max_len, model.config.case_type_ids)
-    graph = TaskGraph(model, tasks, str((pooling or {}).get("mode", "mean")))
+    graph = TaskGraph(model, tasks, str((pooling or {}).get("mode", "mean")), sparse)
     return compare(
         torch_outputs(graph, feeds, inputs, outputs),
         onnx_outputs(onnx_path, feeds),
@@ -211,6 +217,10 @@ def build_bundle(
     provenance = read_provenance(checkpoint) if checkpoint.is_dir() else None
     if not checkpoint.is_dir():  # an installed package that ships a checkpoint
         checkpoint, provenance = resolve_init(given)
+    root = checkpoint  # a SparseEncoder's encoder may sit in a folder of its (Router's)
+    sparse_source = read_sparse_encoder(root) if "sparse" in tasks else None
+    if sparse_source is not None:
+        checkpoint = sparse_source.encoder
     config = read_config(checkpoint)
     tokenizer = BertTokenizer.load(checkpoint)
     sentence = read_sentence_settings(checkpoint)
@@ -254,7 +264,8 @@ def build_bundle(
             pooling["normalize"] = normalize
     elif pooling_mode is not None or normalize is not None:
         raise ValueError("--pooling and --normalize apply to an embed bundle only")
-    prompts = read_prompts(checkpoint) if "embed" in tasks else {}
+    prompts = read_prompts(root) if {"embed", "sparse"} & set(tasks) else {}
+    sparse = dict(sparse_source.settings) if sparse_source is not None else None
     if pooling is not None and pooling["mode"] == "mean" and prompts["prompts"]:
         pooling_config = checkpoint / "1_Pooling" / "config.json"
         if (
@@ -268,12 +279,14 @@ def build_bundle(
 
     with tempfile.TemporaryDirectory(prefix="bertserve-export-") as tmp:
         work = Path(tmp)
-        export_onnx(model, tasks, work / "raw.onnx", str((pooling or {}).get("mode", "mean")))
+        export_onnx(
+            model, tasks, work / "raw.onnx", str((pooling or {}).get("mode", "mean")), sparse
+        )
         fused = optimise(
             work / "raw.onnx", work / "fp32.onnx", config.num_attention_heads, config.hidden_size
         )
         check = torch_parity(
-            model, tasks, tokenizer, work / "fp32.onnx", inputs, outputs, max_len, pooling
+            model, tasks, tokenizer, work / "fp32.onnx", inputs, outputs, max_len, pooling, sparse
         )
         if check["max_abs_diff"] > TOLERANCE["fp32"]:
             raise ValueError(f"ONNX Runtime differs from torch by {check['max_abs_diff']:.2e}")
@@ -310,8 +323,14 @@ def build_bundle(
         staging.mkdir(parents=True)
         shutil.copyfile(final, staging / "model.onnx")
         if final != work / "fp32.onnx":  # the variant's own parity with torch, recorded
-            check = torch_parity(model, tasks, tokenizer, final, inputs, outputs, max_len, pooling)
+            check = torch_parity(
+                model, tasks, tokenizer, final, inputs, outputs, max_len, pooling, sparse
+            )
         tokenizer.tokenizer.save(str(staging / "tokenizer.json"))
+        if sparse_source is not None and sparse_source.static_weights is not None:
+            assert sparse is not None
+            np.save(staging / STATIC_FILE, sparse_source.static_weights, allow_pickle=False)
+            sparse |= {"static_file": STATIC_FILE, "static_sha256": sha256(staging / STATIC_FILE)}
         spec = BundleSpec(
             format_version=FORMAT_VERSION,
             name=out.name,
@@ -333,6 +352,7 @@ def build_bundle(
             outputs=outputs,
             output_axes=output_axes(tasks),
             pooling=pooling,
+            sparse=sparse,
             **prompts,
             precision=precision,
             model_sha256=sha256(staging / "model.onnx"),
@@ -522,6 +542,7 @@ def verify(directory: Path) -> dict[str, Any]:
         spec.outputs,
         spec.max_seq_len,
         spec.pooling.model_dump() if spec.pooling else None,
+        spec.sparse.model_dump() if spec.sparse else None,
     )
     gate = MIN_AGREEMENT[spec.precision]
     result["agreement_p_value"] = agreement_p_value(

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bertserve.model.heads import BertPreTrainedModel, gather_positions
+from bertserve.model.heads import BertPreTrainedModel, gather_positions, splade_pool
 from bertserve.runtime.bundle import BASE_INPUTS, MASK_POSITIONS, SEGMENTS
 from bertserve.runtime.capabilities import CAPABILITIES
 
@@ -38,6 +38,7 @@ HEAD_KEYS: dict[str, tuple[str, ...]] = {
     "qa": ("qa_outputs.weight",),
     "embed": (),
     "rerank": ("classifier.weight",),
+    "sparse": ("cls.predictions.transform.dense.weight", "cls.predictions.bias"),
 }
 TASKS = tuple(CAPABILITIES)
 # Dynamic axes of the exported graph, by an output's kind.
@@ -139,6 +140,11 @@ def resolve_tasks(
             f"tasks {tasks} need different heads ({sorted(architectures)}): "
             "export one bundle per head"
         )
+    if "sparse" in tasks and len(tasks) > 1:
+        raise ExportError(
+            f"tasks {tasks}: a sparse graph runs the MLM head at every position; export it as a "
+            "bundle of its own"
+        )
     architectures = {task_architecture(tasks)}
     if {"classify", "ner", "rerank"} & set(tasks) and architecture not in (
         None,
@@ -146,7 +152,7 @@ def resolve_tasks(
     ):
         # classifier.weight is shared by both classification heads: the config says which.
         raise ExportError(f"the checkpoint is a {architecture}, not a {architectures.pop()}")
-    if architectures & PRETRAINING:
+    if architectures & PRETRAINING and "sparse" not in tasks:
         for extra in ("fill-mask", "nsp"):
             if extra not in tasks and all(k in checkpoint_keys for k in HEAD_KEYS[extra]):
                 tasks.append(extra)
@@ -177,7 +183,7 @@ def graph_io(tasks: list[str], segments: bool = True) -> tuple[list[str], list[s
 # The heads of the encoders written apart from model/bert.py (ModernBERT: model/modernbert.py,
 # DeBERTa-v2/v3: model/deberta.py), by their class names' ending: the tasks each serves.
 OWN_HEADS = {
-    "ForMaskedLM": ("fill-mask",),
+    "ForMaskedLM": ("fill-mask", "sparse"),
     "ForSequenceClassification": ("classify", "rerank"),
     "ForTokenClassification": ("ner",),
     "ForQuestionAnswering": ("qa",),
@@ -208,11 +214,19 @@ def own_tasks(requested: list[str], architecture: str | None) -> list[str]:
 class TaskGraph(nn.Module):
     """Positional tensors in, the tasks' outputs out: the module `torch.onnx.export` traces."""
 
-    def __init__(self, model: BertPreTrainedModel, tasks: list[str], pooling: str = "mean") -> None:
+    def __init__(
+        self,
+        model: BertPreTrainedModel,
+        tasks: list[str],
+        pooling: str = "mean",
+        sparse: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         self.model = model
         self.tasks = tasks
         self.pooling = pooling
+        # SPLADE's pooling and activation (bundle.json "sparse"), for a sparse graph
+        self.sparse = sparse or {"pooling": "max", "activation": "relu"}
         self.segments = model.config.family.segments
         self.eval()  # an inference graph: the exporter restores this mode after tracing
 
@@ -226,6 +240,9 @@ class TaskGraph(nn.Module):
         arch = m.architecture
         if arch.startswith(OWN_ENCODERS):
             return self.own(m, input_ids, attention_mask, token_type_ids, mask_positions)
+        if "sparse" in self.tasks:  # every position's vocabulary logits, SPLADE-pooled
+            sequence, _ = m.bert(input_ids, attention_mask, token_type_ids)  # (B, S, H)
+            return (self.splade(m.cls.predictions(sequence), attention_mask),)
         if arch in PRETRAINING:
             sequence, pooled = m.bert(input_ids, attention_mask, token_type_ids)
             outs = []
@@ -258,8 +275,16 @@ class TaskGraph(nn.Module):
         if "fill-mask" in self.tasks:
             assert mask_positions is not None, "a fill-mask graph takes mask_positions"
             return (m(input_ids, attention_mask, **segments, positions=mask_positions),)
+        if "sparse" in self.tasks:
+            return (self.splade(m(input_ids, attention_mask, **segments), attention_mask),)
         out = m(input_ids, attention_mask, **segments)
         return out if isinstance(out, tuple) else (out,)
+
+    def splade(self, logits: Tensor, attention_mask: Tensor) -> Tensor:
+        """(B, S, V) logits -> (B, V) SPLADE weights, as the bundle's "sparse" says."""
+        return splade_pool(
+            logits, attention_mask, self.sparse["pooling"], self.sparse["activation"]
+        )
 
     def pooled(self, sequence: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         """An embedding graph's outputs: the pooled vector and the token states."""
@@ -283,7 +308,11 @@ def example_inputs(
 
 
 def export_onnx(
-    model: BertPreTrainedModel, tasks: list[str], path: Path, pooling: str = "mean"
+    model: BertPreTrainedModel,
+    tasks: list[str],
+    path: Path,
+    pooling: str = "mean",
+    sparse: dict[str, Any] | None = None,
 ) -> None:
     """Trace with the TorchScript exporter: its graph is the one ONNX Runtime's BERT fusions
     recognise (Attention, SkipLayerNormalization, BiasGelu)."""
@@ -293,7 +322,7 @@ def export_onnx(
     if MASK_POSITIONS in inputs:
         axes[MASK_POSITIONS] = {0: "batch", 1: "predictions"}
     axes |= {name: DYNAMIC_AXES[kind] for name, kind in output_axes(tasks).items()}
-    graph = TaskGraph(model, tasks, pooling)
+    graph = TaskGraph(model, tasks, pooling, sparse)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
         torch.onnx.export(

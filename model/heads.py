@@ -75,6 +75,24 @@ def gather_positions(sequence_output: Tensor, positions: Tensor) -> Tensor:
     return torch.gather(sequence_output, 1, index)
 
 
+def splade_pool(
+    logits: Tensor, attention_mask: Tensor, pooling: str = "max", activation: str = "relu"
+) -> Tensor:
+    """SPLADE's sparse vector, (B, S, V) MLM logits -> (B, V), as sentence-transformers'
+    SpladePooling computes it: log(1 + ReLU(logits)) (`activation` "log1p_relu": log1p once
+    more) at the text's positions, then their max (or sum). A padded position's logits are
+    zeroed first, which ReLU keeps at 0. For max pooling the transform is monotonic, so the max
+    is taken first and the transform runs on (B, V), not on every position's (S, V)."""
+    masked = logits * attention_mask.unsqueeze(-1).to(logits.dtype)  # (B, S, V)
+    if pooling == "max":
+        pooled = torch.log1p(torch.relu(masked.max(dim=1).values))  # (B, V)
+        return torch.log1p(pooled) if activation == "log1p_relu" else pooled
+    weights = torch.log1p(torch.relu(masked))
+    if activation == "log1p_relu":
+        weights = torch.log1p(weights)
+    return weights.sum(dim=1)
+
+
 def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX

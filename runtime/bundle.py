@@ -96,6 +96,32 @@ class PoolingSpec(_Strict):
     normalize: bool
 
 
+class SparseSpec(_Strict):
+    """A sparse (SPLADE) bundle: how its graph pools (sentence-transformers' SpladePooling), and
+    an inference-free side (SparseStaticEmbedding), whose texts are weighted by a learned weight
+    a vocabulary id (`static_file`: float32, .npy) instead of running the encoder."""
+
+    pooling: Literal["max", "sum"] = "max"
+    activation: Literal["relu", "log1p_relu"] = "relu"
+    static_side: Literal["query", "document"] | None = None
+    static_file: str | None = None
+    static_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    # The pieces the static side keeps of a text (its tokenizer's model_max_length); None: all.
+    static_max_len: int | None = Field(None, ge=1)
+    # The side of a request that names none (the Router's default_route).
+    default_side: Literal["query", "document"] = "document"
+
+    @model_validator(mode="after")
+    def _static(self) -> SparseSpec:
+        if (
+            not (self.static_side is None)
+            == (self.static_file is None)
+            == (self.static_sha256 is None)
+        ):
+            raise ValueError("static_side, static_file and static_sha256 go together")
+        return self
+
+
 class BundleSpec(_Strict):
     format_version: Literal[2]
     name: str = Field(min_length=1)
@@ -109,6 +135,7 @@ class BundleSpec(_Strict):
     outputs: list[str]
     output_axes: dict[str, Axes]
     pooling: PoolingSpec | None = None  # embeddings only
+    sparse: SparseSpec | None = None  # sparse embeddings only
     # Embeddings: named texts put before an input (sentence-transformers' prompts, e.g. E5's
     # "query: " and "passage: "), chosen by a request's prompt_name; the default one, if any,
     # applies when a request names none.
@@ -154,6 +181,8 @@ class BundleSpec(_Strict):
                 f"max_seq_len {self.max_seq_len} exceeds the model's "
                 f"{self.architecture.max_position_embeddings} positions"
             )
+        if self.sparse is not None and "sparse" not in self.tasks:
+            raise ValueError(f"sparse settings in a bundle of {self.tasks}, which has no sparse")
         if self.tokenizer.case_type_ids and SEGMENTS not in self.inputs:
             raise ValueError("tokenizer.case_type_ids needs the token_type_ids input")
         if self.tokenizer.case_type_ids and self.tasks != ["ner"]:
@@ -194,7 +223,8 @@ def load_bundle_spec(directory: str | Path) -> BundleSpec:
         where = ".".join(str(p) for p in first["loc"]) or "bundle"
         raise BundleError(f"{path}: {where}: {first['msg']}") from exc
     root = directory.resolve()
-    for name in (spec.model_file, spec.tokenizer.file):
+    static = spec.sparse.static_file if spec.sparse is not None else None
+    for name in (spec.model_file, spec.tokenizer.file, *([static] if static else [])):
         path = directory / name
         # Files a bundle names stay inside it: no absolute paths, no "..", no symlink out.
         if (
@@ -206,6 +236,31 @@ def load_bundle_spec(directory: str | Path) -> BundleSpec:
         if not path.is_file():
             raise BundleError(f"{path}: missing (named in {BUNDLE_FILE})")
     return spec
+
+
+def load_static_weights(directory: str | Path, spec: BundleSpec) -> Any:
+    """An inference-free sparse side's weights (float32, one a vocabulary id), checked against
+    the sha256 bundle.json records; None for a bundle without one. Read with numpy, no pickle."""
+    import hashlib
+    import io
+
+    import numpy as np
+
+    if spec.sparse is None or spec.sparse.static_file is None:
+        return None
+    path = Path(directory) / spec.sparse.static_file
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != spec.sparse.static_sha256:
+        raise BundleError(f"{path}: sha256 differs from the one {BUNDLE_FILE} records")
+    try:
+        weights = np.load(io.BytesIO(data), allow_pickle=False)
+    except ValueError as exc:
+        raise BundleError(f"{path}: not a numpy array file: {exc}") from exc
+    if weights.ndim != 1 or len(weights) < spec.tokenizer.vocab_size:
+        raise BundleError(
+            f"{path}: {weights.shape} weights; the tokenizer has {spec.tokenizer.vocab_size} ids"
+        )
+    return weights.astype(np.float32)
 
 
 def check_model_file(directory: str | Path, spec: BundleSpec) -> None:

@@ -91,6 +91,18 @@ CAPABILITIES = _table(
         training="rerank",
         evaluations=("rerank",),
     ),
+    # Sparse (SPLADE) vectors: the MLM head at every position, log(1 + ReLU(logits)) pooled
+    # over the text's tokens, one weight a vocabulary entry (sentence-transformers'
+    # SparseEncoder); its query side may be a learned weight a token, run without the encoder
+    # (bundle.json "sparse").
+    Capability(
+        name="sparse",
+        architecture="BertForMaskedLM",
+        outputs={"sparse_embeddings": "sequence"},
+        labelled=False,
+        training="none",
+        evaluations=("retrieval",),
+    ),
 )
 
 

@@ -269,7 +269,10 @@ async def submit(
 ) -> list[RowResult]:
     """Queue the rows; if the client goes away first, cancel them (they cost no compute).
     `disconnected`: a future the server completes when the connection is lost (bertserve's
-    protocol), or a coroutine function to watch for it (any other ASGI server)."""
+    protocol), or a coroutine function to watch for it (any other ASGI server). A request of
+    no rows (an inference-free sparse query: runtime/tasks/sparse.py) needs no model call."""
+    if not rows:
+        return []
     futures = model.batcher.enqueue(rows, bulk)
     if disconnected is None or isinstance(disconnected, asyncio.Future):
         return await gather(futures, disconnected)

@@ -7,7 +7,7 @@ handler and evaluation are generated from or driven by this table; nothing else 
 
 from __future__ import annotations
 
-from bertserve.runtime.tasks import classify, embed, fill_mask, ner, nsp, qa, rerank
+from bertserve.runtime.tasks import classify, embed, fill_mask, ner, nsp, qa, rerank, sparse
 from bertserve.runtime.tasks.common import Task
 
 TASKS: dict[str, Task] = {
@@ -25,6 +25,7 @@ TASKS: dict[str, Task] = {
         rerank.RERANK,
         rerank.COHERE_RERANK,
         rerank.COHERE_RERANK_V2,
+        sparse.EMBED_SPARSE,
     )
 }
 # The capabilities (bundle.json "tasks", runtime/capabilities.py) some endpoint serves,

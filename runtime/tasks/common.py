@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from tokenizers import Encoding, Tokenizer
 
 from bertserve.runtime.batching import Row, RowResult
-from bertserve.runtime.bundle import BundleSpec
+from bertserve.runtime.bundle import BundleSpec, load_static_weights
 from bertserve.runtime.errors import ClientGone, DeadlineExceeded, InvalidInput, TooLarge
 
 # The limits that bound one request's items and the rows they become, named as the service's
@@ -145,6 +145,8 @@ class TaskContext:
     _local: threading.local = field(default_factory=threading.local)
     _frame: tuple[list[int], list[int]] | None = field(default=None, repr=False)
     _foreign: frozenset[int] | None = field(default=None, repr=False)
+    # An inference-free sparse side's weight a vocabulary id (runtime.bundle.load_static_weights)
+    static_weights: np.ndarray | None = field(default=None, repr=False)
     # A byte-level tokenizer (RoBERTa's BPE, or a byte-fallback model) may make several pieces
     # of one character: its bounds count UTF-8 bytes, not characters.
     byte_level: bool = False
@@ -181,6 +183,7 @@ class TaskContext:
             max_response_bytes,
             byte_level=byte_level,
         )
+        ctx.static_weights = load_static_weights(directory, spec)
         if "embed" in spec.tasks:  # token-id inputs are checked against it: made now, not on
             _ = ctx.foreign_ids  # the event loop when the first such request comes
         return ctx
@@ -439,6 +442,7 @@ WAYS_OUT: dict[str | None, tuple[str, str | None]] = {
     "/v1/embeddings": ('"truncate": true', '"long_input": "chunk"'),
     "/similarity": ('"parameters": {"truncate": true}', '"parameters": {"long_input": "chunk"}'),
     "/rerank": ('"truncate": true', '"long_input": "chunk"'),
+    "/embed_sparse": ('"truncate": true', '"long_input": "chunk"'),
 }
 # The running request's check (`checkpoint`): set by the handler, copied into the worker thread
 # that prepares or finishes a large request, absent in evaluation.
