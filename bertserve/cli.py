@@ -73,6 +73,12 @@ COMMANDS: dict[str, Command] = {
         "train a cross-encoder reranker on SQuAD (resumable)",
         "train",
     ),
+    "splade": Command(
+        "bertserve.model.training.__main__",
+        ("splade",),
+        "train a sparse (SPLADE) retriever on SQuAD (resumable)",
+        "train",
+    ),
     "soup": Command(
         "bertserve.model.training.__main__",
         ("soup",),

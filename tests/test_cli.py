@@ -26,6 +26,7 @@ SUBCOMMANDS = (
     "distil",
     "shrink",
     "rerank",
+    "splade",
     "soup",
     "evaluate",
     "bench",

