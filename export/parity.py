@@ -149,7 +149,9 @@ def onnx_outputs(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarr
     options.log_severity_level = 3
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds), strict=True))
+    # Copied: an output array returned by run() is a view whose base keeps the session's memory
+    # arena alive; kept across batches (variant_accuracy) a sparse head's arenas add up to GiBs.
+    return {n: np.array(v) for n, v in zip(names, session.run(names, feeds), strict=True)}
 
 
 @torch.no_grad()
