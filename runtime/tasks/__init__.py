@@ -7,7 +7,17 @@ handler and evaluation are generated from or driven by this table; nothing else 
 
 from __future__ import annotations
 
-from bertserve.runtime.tasks import classify, embed, fill_mask, ner, nsp, qa, rerank, sparse
+from bertserve.runtime.tasks import (
+    classify,
+    embed,
+    fill_mask,
+    ner,
+    nsp,
+    qa,
+    rerank,
+    sparse,
+    tokens,
+)
 from bertserve.runtime.tasks.common import Task
 
 TASKS: dict[str, Task] = {
@@ -26,6 +36,7 @@ TASKS: dict[str, Task] = {
         rerank.COHERE_RERANK,
         rerank.COHERE_RERANK_V2,
         sparse.EMBED_SPARSE,
+        tokens.EMBED_ALL,
     )
 }
 # The capabilities (bundle.json "tasks", runtime/capabilities.py) some endpoint serves,

@@ -191,3 +191,42 @@ def test_the_length_sentence_transformers_5_saves_is_honoured(minilm_dir, tmp_pa
         answer = c.post("/embed", json={"inputs": LONG, "truncate": True})
     assert answer.status_code == 200
     assert cosines(np.asarray(answer.json()), reference).min() >= 0.9999
+
+
+def test_embed_all_equals_sentence_transformers_token_embeddings(server, minilm_dir):
+    """TEI's /embed_all: every position's last hidden state, [CLS] and [SEP] included, as
+    `encode(output_value="token_embeddings")` returns them (weights in fp16: cosine 0.999)."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(minilm_dir), device="cpu")
+    reference = model.encode(TEXTS, output_value="token_embeddings")
+    with server.client() as c:
+        answer = c.post("/embed_all", json={"inputs": TEXTS})
+        single = c.post("/embed_all", json={"inputs": TEXTS[2]})
+    assert answer.status_code == 200, answer.text
+    states = answer.json()
+    assert [len(s) for s in states] == [len(r) for r in reference]  # the text's tokens only
+    for got, want in zip(states, reference, strict=True):
+        got = np.asarray(got)
+        assert got.shape[1] == 384
+        assert cosines(got, want.numpy()).min() >= 0.999
+    assert single.status_code == 200 and len(single.json()) == 1
+    assert np.allclose(single.json()[0], states[2], atol=1e-3)
+
+
+def test_embed_all_past_the_answer_limit_is_413_before_the_model_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("embed-all-limit")
+    (root / "minilm-embed").symlink_to(SHIPPED)
+    with live_server(bundles=root, max_wait_ms=5, max_response_bytes=200_000) as live:
+        batcher = live.state.models["minilm-embed"].batcher
+        enqueue = batcher.enqueue
+        calls: list[int] = []
+        batcher.enqueue = lambda rows, bulk=False: calls.append(len(rows)) or enqueue(rows, bulk)
+        with live.client() as c:
+            refused = c.post("/embed_all", json={"inputs": [TEXTS[1]] * 4})
+            assert calls == []  # refused before any row was queued
+            fits = c.post("/embed_all", json={"inputs": "Short."})
+    assert refused.status_code == 413
+    assert "200,000" in refused.json()["error"] and "BERTSERVE_MAX_RESPONSE_BYTES" in refused.text
+    assert fits.status_code == 200 and len(fits.json()[0]) == 4  # [CLS] short . [SEP]
+    assert calls == [1]
