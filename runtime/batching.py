@@ -297,8 +297,12 @@ class Batcher:
         pad_id: int,
         positions: int | None,
         activity: Activity | None = None,
+        max_tokens: int | None = None,
     ) -> None:
         self.name = name
+        # Padded tokens a call may hold: the setting, or less where the model says
+        # (service.models.call_tokens: a vocabulary-wide head's intermediate grows with them).
+        self.max_tokens = min(settings.max_batch_tokens, max_tokens or settings.max_batch_tokens)
         self.backend = backend
         # A lone request (one row, nothing queued here, no other request in flight anywhere)
         # runs on every core where the backend has a session for it (Activity).
@@ -583,8 +587,7 @@ class Batcher:
                 return
             longest = max(len(i.row) for i in live)
             full = (
-                len(live) >= self.settings.max_batch_rows
-                or len(live) * longest >= self.settings.max_batch_tokens
+                len(live) >= self.settings.max_batch_rows or len(live) * longest >= self.max_tokens
             )
             remaining = live[0].enqueued + max_wait - time.monotonic()
             if full or remaining <= 0:
@@ -649,7 +652,7 @@ class Batcher:
             new_longest = max(longest, len(item.row))
             if (
                 len(batch) >= self.settings.max_batch_rows
-                or (len(batch) + 1) * new_longest > self.settings.max_batch_tokens
+                or (len(batch) + 1) * new_longest > self.max_tokens
             ):
                 continue
             batch.append(item)

@@ -117,6 +117,7 @@ def load_model(
         spec.tokenizer.pad_id,
         1 if "mask_positions" in spec.inputs else None,  # until probe_slots says 0
         activity,
+        call_tokens(spec, engine.provider),
     )
     model_info(metrics, spec, engine.provider).set(1)
     log.info(
@@ -129,6 +130,23 @@ def load_model(
     model = Model(spec.name, spec, ctx, engine, batcher, version)
     model.memory_mb = floor_mb(directory, spec, rss_mb() - before)
     return model
+
+
+# A sparse head's MLM logits are a float a vocabulary entry a position (a 30,522-piece
+# vocabulary: 122 kB a token, 1 GB for a call of the default 8,192 tokens), several copies of it
+# live at once. On a CPU a call is held to this much of one copy: at 2,048 tokens a call the
+# MiniLM sparse graph runs 1.25x the tokens a second of 8,192 in 0.9 GiB, not 3.9 (measured by
+# `bertserve bench sparse`, docs/reports/sparse.md).
+VOCAB_CALL_BYTES = 256 * 2**20
+
+
+def call_tokens(spec: BundleSpec, provider: str) -> int | None:
+    """The padded tokens a call of this model may hold, where less than max_batch_tokens: a
+    graph with a vocabulary-wide head on a CPU; None elsewhere (a GPU's memory is its own)."""
+    if spec.sparse is None or provider != "CPUExecutionProvider":
+        return None
+    per_token = 4 * spec.tokenizer.vocab_size
+    return max(spec.max_seq_len, VOCAB_CALL_BYTES // per_token)
 
 
 def model_info(metrics: Metrics, spec: BundleSpec, provider: str) -> Any:

@@ -61,14 +61,16 @@ class Metrics:
         self.lone_calls = Counter("lone_calls", "", ["model"], registry=r)
 
 
-def select(lengths, *, rows=4, tokens=1000, cancelled=(), expired=(), cost=None, split=True):
+def select(
+    lengths, *, rows=4, tokens=1000, cancelled=(), expired=(), cost=None, split=True, cap=None
+):
     """Queue rows of the given lengths (oldest first), pick one batch; returns the lengths of
     the batch in pick order, the lengths left queued, and the items."""
 
     async def run():
         loop = asyncio.get_running_loop()
         settings = Settings(max_batch_rows=rows, max_batch_tokens=tokens, split_batches=split)
-        batcher = Batcher("m", None, settings, Metrics(), {}, 0, None)
+        batcher = Batcher("m", None, settings, Metrics(), {}, 0, None, max_tokens=cap)
         if cost is not None:
             batcher.cost = cost
         now = time.monotonic()
@@ -85,6 +87,14 @@ def select(lengths, *, rows=4, tokens=1000, cancelled=(), expired=(), cost=None,
         return [len(i.row) for i in batch], [len(i.row) for i in batcher._items], items
 
     return asyncio.run(run())
+
+
+def test_a_models_own_token_cap_bounds_its_calls_below_the_setting():
+    """A sparse model's calls on a CPU hold fewer tokens than max_batch_tokens
+    (service.models.call_tokens): the batch stops at the model's cap, never above the setting."""
+    assert select([100] * 8, rows=8, tokens=1000, cap=300, split=False)[0] == [100] * 3
+    assert select([100] * 8, rows=8, tokens=250, cap=300, split=False)[0] == [100] * 2
+    assert select([100] * 8, rows=8, tokens=1000, split=False)[0] == [100] * 8
 
 
 def test_oldest_first_then_closest_in_length():
