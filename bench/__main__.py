@@ -67,6 +67,7 @@ MODES: dict[str, Mode] = {
         "bench.experiments.pretrain_throughput", "training tokens/s of pre-training shapes"
     ),
     "rerank": Mode("bench.experiments.rerank", "/rerank against the CrossEncoder peer"),
+    "sparse": Mode("bench.experiments.sparse", "/embed_sparse against /embed, same encoder"),
     "topology": Mode("bench.experiments.topology", "workers vs one engine process, A/B"),
 }
 

@@ -1,0 +1,233 @@
+"""Sparse embeddings' cost: /embed_sparse against /embed on the same encoder, in one server,
+same minute (the order alternating each round), at each level of connections, for questions
+(one a request) and passages (32 SQuAD dev paragraphs a request, as an indexer sends them).
+
+    bertserve bench sparse --sparse bundles/splade-minilm --dense runs/splade-minilm-dense \
+        --levels 1,8 --rounds 2 --report docs/reports/sparse.md
+
+`--dense`: the same checkpoint exported with `--task embed` (mean pooling), so the two routes
+differ only by the head: /embed pools the last hidden states; /embed_sparse runs the MLM head
+(384 -> 30,522) at every position, pools it and writes the non-zero weights as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.loadgen import closed_loop
+from bench.run import commit
+from bench.servers import OURS, serve
+from bertserve.runtime.bundle import load_bundle_spec
+
+SETTLE_S = 3
+# The graph alone at the default max_batch_tokens and at the cap a CPU call of a sparse model
+# is held to (service.models.call_tokens): full rows of 256 tokens.
+CALL_SHAPES = ((32, 256), (8, 256))
+
+
+def one_call_shape(bundle: Path, rows: int, length: int, calls: int = 6) -> dict[str, float]:
+    """µs a token and the memory a call takes over the loaded session, in this process (run
+    alone in a fresh one, so its peak is this shape's)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    session = ort.InferenceSession(
+        str(bundle / "model.onnx"), options, providers=["CPUExecutionProvider"]
+    )
+    ids = np.random.default_rng(0).integers(1000, 29000, (rows, length)).astype(np.int64)
+    feeds = {
+        "input_ids": ids,
+        "attention_mask": np.ones_like(ids),
+        "token_type_ids": np.zeros_like(ids),
+    }
+    names = ["sparse_embeddings"]
+    loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    session.run(names, feeds)
+    started = time.perf_counter()
+    for _ in range(calls):
+        session.run(names, feeds)
+    per_token = (time.perf_counter() - started) / calls / ids.size * 1e6
+    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - loaded) / 1024
+    return {"rows": rows, "length": length, "us_per_token": per_token, "call_mib": peak}
+
+
+def call_shapes(bundle: Path) -> list[dict[str, float]]:
+    """Each of CALL_SHAPES in a process of its own, alternated twice; the faster of each."""
+    found: dict[tuple[int, int], dict[str, float]] = {}
+    for _ in range(2):
+        for rows, length in CALL_SHAPES:
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.experiments.sparse",
+                    "--call-shape",
+                    str(bundle),
+                    str(rows),
+                    str(length),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            result = json.loads(out.strip().splitlines()[-1])
+            old = found.get((rows, length))
+            if old is None or result["us_per_token"] < old["us_per_token"]:
+                found[(rows, length)] = result
+    return list(found.values())
+
+
+def write_bodies(squad: Path, work: Path, count: int = 200) -> dict[str, Path]:
+    """Question bodies (one a request) and passage bodies (32 paragraphs a request)."""
+    data = json.loads((squad / "dev-v1.1.json").read_text(encoding="utf-8"))["data"]
+    paragraphs = [p["context"] for a in data for p in a["paragraphs"]]
+    questions = [q["question"] for a in data for p in a["paragraphs"] for q in p["qas"]]
+    rng = random.Random(0)
+    kinds = {
+        "question": [{"inputs": rng.choice(questions), "truncate": True} for _ in range(count)],
+        "passages": [
+            {"inputs": rng.sample(paragraphs, 32), "truncate": True} for _ in range(count // 4)
+        ],
+    }
+    work.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for kind, bodies in kinds.items():
+        out[kind] = work / f"{kind}.jsonl"
+        out[kind].write_text("\n".join(json.dumps(b) for b in bodies) + "\n")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sparse", type=Path, default=Path("bundles/splade-minilm"))
+    parser.add_argument("--dense", type=Path, default=Path("runs/splade-minilm-dense"))
+    parser.add_argument("--data", type=Path, default=Path("../shared/data/squad-v1.1"))
+    parser.add_argument("--levels", default="1,8")
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--port", type=int, default=8193)
+    parser.add_argument("--work", type=Path, default=Path("runs/bench-sparse"))
+    parser.add_argument("--report", type=Path, default=None)
+    parser.add_argument("--call-shape", nargs=3, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.call_shape:
+        bundle, rows, length = args.call_shape
+        print(json.dumps(one_call_shape(Path(bundle), int(rows), int(length))))
+        return
+    shapes = call_shapes(args.sparse)
+    bodies = write_bodies(args.data, args.work)
+    bundles = args.work / "bundles"
+    shutil.rmtree(bundles, ignore_errors=True)  # links of an earlier run name other bundles
+    bundles.mkdir(parents=True)
+    names = {
+        "sparse": load_bundle_spec(args.sparse).name,
+        "dense": load_bundle_spec(args.dense).name,
+    }
+    for kind, path in (("sparse", args.sparse), ("dense", args.dense)):
+        link = bundles / names[kind]  # a model is served under its bundle's name
+        link.symlink_to(path.resolve())
+    first = bodies["question"].read_text().splitlines()[0].encode()
+    levels = [int(x) for x in args.levels.split(",")]
+    routes = {"/embed": names["dense"], "/embed_sparse": names["sparse"]}
+    runs: dict[tuple[str, str, int], list[dict]] = {}
+    with serve(
+        OURS,
+        bundles,
+        bundles / names["sparse"],
+        args.port,
+        first,
+        args.work / "server.log",
+        ready_path="/embed_sparse",
+    ) as server:
+        for round_ in range(args.rounds):
+            order = list(routes) if round_ % 2 == 0 else list(routes)[::-1]
+            for kind, path in bodies.items():
+                for level in levels:
+                    for route in order:
+                        url = f"{server.base}{route}?model={routes[route]}"
+                        closed_loop(url, path, 1, 2)  # warm this route and shape
+                        time.sleep(SETTLE_S)
+                        load = closed_loop(url, path, level, args.seconds)
+                        result = load.to_dict()
+                        if set(load.statuses) != {"200"}:
+                            raise SystemExit(f"{route} answered {load.statuses}: see the log")
+                        runs.setdefault((kind, route, level), []).append(result)
+                        print(
+                            json.dumps(
+                                {
+                                    "round": round_,
+                                    "kind": kind,
+                                    "route": route,
+                                    "level": level,
+                                    "req_s": load.throughput,
+                                    "p50_ms": load.p50_ms,
+                                    "statuses": load.statuses,
+                                }
+                            )
+                        )
+    rows = []
+    for kind in bodies:
+        for level in levels:
+            best = {r: max(x["throughput"] for x in runs[(kind, r, level)]) for r in routes}
+            p50 = {r: min(x["p50_ms"] for x in runs[(kind, r, level)]) for r in routes}
+            rows.append(
+                f"| {kind} | {level} | {best['/embed']:.1f} | {best['/embed_sparse']:.1f} | "
+                f"{best['/embed_sparse'] / best['/embed']:.2f}x | "
+                f"{p50['/embed']:.1f} / {p50['/embed_sparse']:.1f} ms |"
+            )
+    statuses = sorted({s for v in runs.values() for x in v for s in x["statuses"]})
+    shape_rows = [
+        f"| {int(c['rows'])} x {int(c['length'])} = {int(c['rows'] * c['length']):,} | "
+        f"{c['us_per_token']:.0f} | {c['call_mib']:,.0f} |"
+        for c in shapes
+    ]
+    text = "\n".join(
+        [
+            "# Sparse embeddings: /embed_sparse against /embed on the same encoder",
+            "",
+            f"Measured on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC at {commit()}, "
+            f"{platform.machine()} ({platform.processor() or 'cpu'}) with {os.cpu_count()} "
+            f"cores, with `bertserve bench sparse --sparse {args.sparse} --dense {args.dense} "
+            f"--levels {args.levels} --rounds {args.rounds} --seconds {args.seconds:g}`: one "
+            "server holding both bundles, the routes alternating first each round, best of the "
+            "rounds. question: one SQuAD dev question a request; passages: 32 dev paragraphs "
+            "a request (`truncate` on).",
+            "",
+            "| body | connections | /embed req/s | /embed_sparse req/s | sparse / dense | "
+            "p50, dense / sparse |",
+            "|---|---|---|---|---|---|",
+            *rows,
+            "",
+            f"Statuses seen: {statuses}.",
+            "",
+            "The sparse graph alone (ONNX Runtime, every core), one call of each shape in a "
+            "fresh process, alternated twice, the faster kept: the default max_batch_tokens "
+            "(8,192) and the cap a CPU call of a sparse model is held to (2,048 here: "
+            "`service.models.call_tokens`).",
+            "",
+            "| call (rows x tokens) | µs a token | memory a call, MiB |",
+            "|---|---|---|",
+            *shape_rows,
+            "",
+        ]
+    )
+    print(text)
+    if args.report:
+        args.report.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
