@@ -145,6 +145,7 @@ def evaluate_retrieval(
     result: dict[str, Any] = {
         "data": f"SQuAD v1.1 dev: {len(texts)} questions, {len(paragraphs)} paragraphs",
         "fusion": f"reciprocal rank (k = {RRF_K}) over each ranking's first {FUSED_DEPTH}",
+        "models": {"dense": dense, "sparse": sparse, "rerank": reranker},
     }
     ranked: dict[str, np.ndarray] = {"bm25": rankings(bm25_scores(paragraphs, texts))}
 

@@ -37,11 +37,11 @@ def test_shipped_bundle_verifies_against_its_checkpoint(bundle, monkeypatch):
 
 
 def test_shipped_bundles_keep_within_their_size_budget():
-    """The budget: all of bundles/ under 200 MiB (MiB = 2^20 bytes, as the model card counts),
-    raised from 150 MiB for a shipped reranker. A new bundle makes room (int8, 4-bit word
-    tables) where its accuracy holds."""
+    """The budget: all of bundles/ under 256 MiB (MiB = 2^20 bytes, as the model card counts),
+    raised from 150 MiB for a shipped reranker and from 200 MiB for a sparse model. A new bundle
+    makes room (int8, 4-bit word tables) where its accuracy holds."""
     size = sum(f.stat().st_size for f in (ROOT / "bundles").rglob("*") if f.is_file())
-    assert size <= 200 * 2**20, f"bundles/ holds {size / 2**20:.1f} MiB"
+    assert size <= 256 * 2**20, f"bundles/ holds {size / 2**20:.1f} MiB"
 
 
 def test_int8_keeps_the_trained_models_predictions(tmp_path):
