@@ -135,7 +135,7 @@ def load_model(
 # A sparse head's MLM logits are a float a vocabulary entry a position (a 30,522-piece
 # vocabulary: 122 kB a token, 1 GB for a call of the default 8,192 tokens), several copies of it
 # live at once. On a CPU a call is held to this much of one copy: at 2,048 tokens a call the
-# MiniLM sparse graph runs 1.25x the tokens a second of 8,192 in 0.9 GiB, not 3.9 (measured by
+# MiniLM sparse graph runs 1.28x the tokens a second of 8,192 in 0.9 GiB, not 3.9 (measured by
 # `bertserve bench sparse`, docs/reports/sparse.md).
 VOCAB_CALL_BYTES = 256 * 2**20
 
