@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, BeforeValidator, WithJsonSchema
 from tokenizers import Encoding, Tokenizer
 
 from bertserve.runtime.batching import Row, RowResult
@@ -23,8 +23,15 @@ from bertserve.runtime.errors import ClientGone, DeadlineExceeded, InvalidInput,
 # The limits that bound one request's items and the rows they become, named as the service's
 # settings are (service/settings.py; tests/runtime/test_task_table.py holds them equal).
 LimitName = Literal["max_client_batch", "max_request_rows", "max_rerank_documents"]
-# Which end of an over-long input gives way (text-embeddings-inference's truncation_direction).
-Direction = Literal["Left", "Right"]
+# Which end of an over-long input gives way (text-embeddings-inference's truncation_direction):
+# "Left"/"Right" as TEI documents it, or in lower case, as huggingface_hub 2.4's
+# InferenceClient.feature_extraction sends it; the schema lists all four.
+LOWER_DIRECTIONS = {"left": "Left", "right": "Right"}
+Direction = Annotated[
+    Literal["Left", "Right"],
+    BeforeValidator(lambda v: LOWER_DIRECTIONS.get(v, v) if isinstance(v, str) else v),
+    WithJsonSchema({"type": "string", "enum": ["Left", "Right", "left", "right"]}),
+]
 # What happens to an input longer than the model's window (BERTSERVE_LONG_INPUT, or a
 # request's `long_input`): refused (413), cut (TEI's --auto-truncate), or chunked
 # (runtime/tasks/chunks.py).

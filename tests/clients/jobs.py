@@ -132,6 +132,19 @@ def ranks(url: str, texts: list[str]) -> dict:
     return out
 
 
+def hub(url: str, texts: list[str]) -> dict:
+    """huggingface_hub 2.x's InferenceClient.feature_extraction, which types and sends
+    truncation_direction in lower case ("left", "right"), on a text past the window."""
+    from huggingface_hub import InferenceClient
+
+    client = InferenceClient(base_url=url)
+    long = " ".join(texts[:80])
+    return {
+        side: client.feature_extraction(long, truncate=True, truncation_direction=side)[0].tolist()
+        for side in ("left", "right")
+    } | {"text": long}
+
+
 JOBS = {
     "langchain": langchain,
     "llama-openai": llama_openai,
@@ -140,6 +153,7 @@ JOBS = {
     "chroma": chroma,
     "litellm": litellm_job,
     "rerank": ranks,
+    "hub": hub,
 }
 
 if __name__ == "__main__":

@@ -152,3 +152,19 @@ def test_the_rerank_clients(clients_python, server, texts):
     got = run_job(clients_python, "rerank", server, texts)
     assert got == {"litellm": best, "haystack": best, "llama_index": best}
     assert refusals(server) == before
+
+
+def test_huggingface_hub_2_sends_truncation_direction_in_lower_case(clients_python, server, texts):
+    """huggingface_hub 2.4 sends `truncation_direction: "left"`: read as TEI's "Left"."""
+    got = run_job(clients_python, "hub", server, texts)
+    with server.client() as c:
+        want = {
+            side: c.post(
+                "/embed",
+                json={"inputs": got["text"], "truncate": True, "truncation_direction": side},
+            ).json()[0]
+            for side in ("Left", "Right")
+        }
+    assert np.allclose(got["left"], want["Left"], atol=1e-6)
+    assert np.allclose(got["right"], want["Right"], atol=1e-6)
+    assert not np.allclose(got["left"], got["right"], atol=1e-2)  # the text is past the window
