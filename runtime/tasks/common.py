@@ -38,6 +38,16 @@ Direction = Annotated[
 LongInput = Literal["error", "truncate", "chunk"]
 
 
+def unframed(ids: list[int], front: list[int], back: list[int]) -> list[int]:
+    """`ids` without the single-text frame (`front` ... `back`: [CLS] ... [SEP]) where they
+    begin and end with it, as a tokenizer returns them with its special tokens; else as sent."""
+    if len(ids) < len(front) + len(back) or ids[: len(front)] != front:
+        return ids
+    if back and ids[len(ids) - len(back) :] != back:
+        return ids
+    return ids[len(front) : len(ids) - len(back)]
+
+
 @dataclass(frozen=True)
 class RequestLimits:
     max_client_batch: int = 2048
@@ -52,8 +62,8 @@ class RequestLimits:
 FOREIGN = (
     "the ids look like another tokenizer's. Send the texts instead (langchain's "
     "OpenAIEmbeddings sends tiktoken ids unless check_embedding_ctx_length=False), or the ids "
-    "of POST /tokenize with add_special_tokens set to false (the service puts the special "
-    "tokens around them)"
+    "of POST /tokenize: with its special tokens only at the ends, or with "
+    "add_special_tokens set to false (the service puts the special tokens around them)"
 )
 
 
@@ -320,24 +330,27 @@ class TaskContext:
         return cut
 
     def encode_ids(self, ids: list[int], truncate: bool = False) -> Row:
-        """A row from token ids the client tokenised itself (OpenAI's token-array inputs): the
-        ids between the special tokens the tokenizer's single-text template puts around a
-        text; an id outside the vocabulary is a 422, an over-long input a 413 unless
-        `truncate`."""
+        """A row from token ids the client tokenised itself (OpenAI's token-array inputs, TEI's
+        ids): ids as a tokenizer returns them with its special tokens (BERT's [CLS] ... [SEP],
+        /tokenize's default) are used as they are; bare ids are put between the special tokens
+        the tokenizer's single-text template puts around a text. Either way the row is the
+        text's. An id outside the vocabulary, or one no text tokenises to, is a 422; an
+        over-long input a 413 unless `truncate` (which keeps the frame)."""
         vocab = self.spec.tokenizer.vocab_size
         bad = next((i for i in ids if not 0 <= i < vocab), None)
         if bad is not None:
             raise InvalidInput(
                 f"token id {bad} is outside the model's vocabulary (0..{vocab - 1}): {FOREIGN}"
             )
-        foreign = self.foreign_ids
+        front, back = self.special_frame
+        ids = unframed(ids, front, back)
+        foreign = self.foreign_ids - {*front, *back}  # a pair's [SEP] inside: as sent
         odd = next((i for i in ids if i in foreign), None)
         if odd is not None:
             raise InvalidInput(
                 f"token id {odd} ({self.tokenizer.id_to_token(odd)!r}) is one this model's "
                 f"tokenizer never makes from text: {FOREIGN}"
             )
-        front, back = self.special_frame
         room = self.max_len - len(front) - len(back)
         if len(ids) > room:
             if not truncate:

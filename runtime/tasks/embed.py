@@ -112,7 +112,8 @@ class OpenAIEmbeddingsRequest(Request):
 
     input: Texts | TokenIds | Annotated[list[TokenIds], Field(min_length=1)] = Field(
         description="a text, a list of texts, or token ids of the model's own tokenizer (one "
-        "list of ids, or a list of them): ids are put between the model's special tokens"
+        "list of ids, or a list of them): ids with the tokenizer's special tokens at both ends are "
+        "used as they are, bare ids are put between them"
     )
     model: str | None = Field(
         None, description="an embedding bundle's name; other names get the default model"

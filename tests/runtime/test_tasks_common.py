@@ -171,3 +171,14 @@ def test_a_long_query_cut_once_pairs_as_the_whole_query_would(bundle_dir, direct
         for got, doc in zip(rows, docs, strict=True):
             want = ctx.encode(query, doc, truncate=True, direction=direction)
             assert got.input_ids.tolist() == want.ids, (query, doc)
+
+
+def test_ids_framed_by_the_tokenizer_lose_the_frame_once():
+    from bertserve.runtime.tasks.common import unframed
+
+    assert unframed([101, 7, 8, 102], [101], [102]) == [7, 8]
+    assert unframed([101, 7, 102, 8, 102], [101], [102]) == [7, 102, 8]  # a pair: as sent
+    assert unframed([7, 8], [101], [102]) == [7, 8]  # bare: the service frames them
+    assert unframed([101, 7, 8], [101], [102]) == [101, 7, 8]  # half a frame is no frame
+    assert unframed([0, 7, 2], [0], [2]) == [7]  # RoBERTa's <s> ... </s>
+    assert unframed([7, 102], [], [102]) == [7]

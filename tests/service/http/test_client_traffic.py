@@ -153,7 +153,9 @@ def test_auto_truncate_is_the_default_a_request_can_override(embed_dir, server):
     assert np.allclose(same.json()["data"][0]["embedding"], cut.json()["data"][0]["embedding"])
 
 
-def test_token_ids_of_another_tokenizer_are_refused(openai_client, server):
+def test_token_ids_of_another_tokenizer_are_refused_and_our_own_taken_as_sent(
+    openai_client, server
+):
     """langchain's OpenAIEmbeddings sends tiktoken's cl100k ids by default: "The quick brown fox
     jumps over the lazy dog." is these. Read as WordPiece ids they embed nonsense; the service
     tells them apart ([unused] pieces) and says what to do."""
@@ -170,11 +172,17 @@ def test_token_ids_of_another_tokenizer_are_refused(openai_client, server):
     ours = [p["id"] for p in pieces if not p["special"]]
     got = openai_client.embeddings.create(input=[ours], model="minilm-embed")
     assert np.allclose(got.data[0].embedding, embed(server, ["the quick brown fox"])[0], atol=1e-6)
-    # [CLS] ... [SEP] (/tokenize's default) are special ids: the service adds them itself, and
-    # the served document says so (`not` an enum), so they are refused wherever they stand.
+    # Ids as a tokenizer returns them, [CLS] ... [SEP] (/tokenize's default): used as they are,
+    # as text-embeddings-inference embeds the ids it is given, not framed twice.
     framed = [p["id"] for p in pieces]
-    with pytest.raises(openai.UnprocessableEntityError, match="add_special_tokens set to false"):
-        openai_client.embeddings.create(input=[framed], model="minilm-embed")
+    assert framed[0] == 101 and framed[-1] == 102 and framed[1:-1] == ours
+    both = openai_client.embeddings.create(input=[framed, ours], model="minilm-embed")
+    want = embed(server, ["the quick brown fox"])[0]
+    assert np.allclose(both.data[0].embedding, want, atol=1e-6)
+    assert np.allclose(both.data[1].embedding, want, atol=1e-6)
+    with server.client() as c:  # [PAD]: no text makes it
+        padded = c.post("/v1/embeddings", json={"input": [[*framed, 0]]})
+    assert padded.status_code == 422 and "'[PAD]'" in padded.json()["error"]["message"]
 
 
 @pytest.fixture(scope="module")
