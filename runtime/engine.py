@@ -17,7 +17,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +131,12 @@ class Engine:
     def __init__(self, directory: Path, spec: BundleSpec, options: EngineOptions) -> None:
         import onnxruntime as ort
 
+        if spec.sparse is not None:
+            # A sparse head's (rows x length x vocabulary) logits would stay in the CPU arena
+            # after the warm-up: 850 MiB more a worker for MiniLM at rest, past the memory the
+            # deployment is sized for (docs/deploy.md#memory). Without the arena they are given
+            # back after each call, for calls about 25% slower (docs/reports/sparse.md).
+            options = replace(options, cpu_arena="no-arena")
         available = ort.get_available_providers()
         requested = options.provider_list(available)
         missing = [p for p in requested if p not in available]

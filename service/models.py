@@ -133,11 +133,12 @@ def load_model(
 
 
 # A sparse head's MLM logits are a float a vocabulary entry a position (a 30,522-piece
-# vocabulary: 122 kB a token, 1 GB for a call of the default 8,192 tokens), several copies of it
-# live at once. On a CPU a call is held to this much of one copy: at 2,048 tokens a call the
-# MiniLM sparse graph runs 1.28x the tokens a second of 8,192 in 0.9 GiB, not 3.9 (measured by
-# `bertserve bench sparse`, docs/reports/sparse.md).
-VOCAB_CALL_BYTES = 256 * 2**20
+# vocabulary: 122 kB a token, 1 GB for a call of the default 8,192 tokens), several copies of
+# it live at once, and the sparse model runs without the CPU arena (runtime.engine), so each
+# call allocates them afresh. On a CPU a call is held to this much of one copy: 549 tokens
+# for MiniLM (two rows of 256), which run 1.16x the tokens a second of 8,192-token calls and
+# take 38 MiB a call, not 1,879 (`bertserve bench sparse`, docs/reports/sparse.md).
+VOCAB_CALL_BYTES = 64 * 2**20
 
 
 def call_tokens(spec: BundleSpec, provider: str) -> int | None:
