@@ -44,10 +44,16 @@ def only_bundles(source: Path, names: list[str], out: Path) -> Path:
     """A bundles directory `out` holding just `names` (links into `source`): bertserve serves
     every bundle it finds, and with the shipped ones /classify goes to the default model (MiniLM)
     whatever bundle a bench means to measure."""
+    return linked_bundles([source / name for name in names], out)
+
+
+def linked_bundles(bundles: list[Path], out: Path) -> Path:
+    """A bundles directory `out` holding just these bundle directories (links, by their
+    directories' names), wherever each lies."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    for name in names:
-        (out / name).symlink_to((source / name).resolve())
+    for bundle in bundles:
+        (out / bundle.name).symlink_to(bundle.resolve())
     return out
 
 

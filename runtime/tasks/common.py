@@ -344,7 +344,7 @@ class TaskContext:
             )
         front, back = self.special_frame
         ids = unframed(ids, front, back)
-        foreign = self.foreign_ids - {*front, *back}  # a pair's [SEP] inside: as sent
+        foreign = self.foreign_ids  # the frame's ids not among them: a pair's [SEP], as sent
         odd = next((i for i in ids if i in foreign), None)
         if odd is not None:
             raise InvalidInput(
@@ -361,7 +361,8 @@ class TaskContext:
 
     @property
     def foreign_ids(self) -> frozenset[int]:
-        """Ids that tokenising a text never gives: the special tokens but the unknown one and,
+        """Ids that tokenising a text never gives: the special tokens but the unknown one and
+        the single-text frame (`special_frame`: [CLS] and [SEP], which a tokenizer adds) and,
         for a WordPiece vocabulary, the pieces whose own text tokenises to something else
         (BERT's [unused0]..[unused993] at ids 1-998). Client-side ids from another tokenizer
         land there: tiktoken's cl100k gives the commonest English words and punctuation ids
@@ -379,7 +380,8 @@ class TaskContext:
             if unknown is None and described.get("unk_token"):
                 unknown = tok.token_to_id(described["unk_token"])
             decoder = tok.get_added_tokens_decoder()
-            special = {i for i, t in decoder.items() if t.special} - {unknown}
+            front, back = self.special_frame
+            special = {i for i, t in decoder.items() if t.special} - {unknown, *front, *back}
             unreachable: set[int] = set()
             if type(model).__name__ == "WordPiece":
                 prefix = model.continuing_subword_prefix

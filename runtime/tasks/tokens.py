@@ -4,8 +4,9 @@ An input's answer is the encoder's last hidden state at each of its positions, s
 included, unpooled and unnormalised, as TEI's /embed_all answers it: the raw material of
 late-interaction scoring and of a client's own pooling. The graph computes these token states
 only for a batch that asks for them (`runtime.capabilities.ON_DEMAND`). An answer grows with its
-inputs' lengths (15 bytes of JSON a float: 5.8 kB a token of a 384-wide model), so its size is
-checked against the answer limit once the inputs are tokenised, before the model runs.
+inputs' lengths (a vector a token, sized as /embed sizes its vectors: 5.8 kB a token of a
+384-wide model), so its size is checked against the answer limit once the inputs are tokenised,
+before the model runs.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from bertserve.runtime.tasks.embed import (
     Texts,
     Truncate,
     TruncationDirection,
+    answer_bytes,
     text_rows,
 )
 
 TOKEN_STATES = "token_embeddings"
-FLOAT_BYTES = 15  # at most, as JSON: -1.2345678e-38,
 
 
 class EmbedAllRequest(Request):
@@ -62,10 +63,10 @@ class EmbedAll(Task):
         if mode == "chunk":
             mode = "error"  # a token's state belongs to one window: no chunks to join
         rows, _ = text_rows(ctx, items, request.prompt_name, mode, request.truncation_direction)
-        width = ctx.spec.architecture.hidden_size
-        size = sum(len(r) for r in rows) * (width * FLOAT_BYTES + 2) + 4 * len(rows)
+        tokens = sum(len(r) for r in rows)
+        size = answer_bytes(ctx, tokens, None, base64=False)
         if size > ctx.max_response_bytes:
-            tokens = sum(len(r) for r in rows)
+            width = ctx.spec.architecture.hidden_size
             raise TooLarge(
                 f"{tokens:,} tokens of {width} components may take {size:,} bytes; the answer "
                 f"limit is {ctx.max_response_bytes:,} (BERTSERVE_MAX_RESPONSE_BYTES). Send fewer "

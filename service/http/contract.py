@@ -71,16 +71,8 @@ def bind(schema: JsonSchema, settings: Settings, models: dict[str, Model]) -> Js
             continue
         top = min(m.spec.tokenizer.vocab_size for m in chosen) - 1
         # Embedding inputs: not the ids no text tokenises to, which are refused as another
-        # tokenizer's (runtime.tasks.common.TaskContext.foreign_ids); the model's own frame
-        # ([CLS], [SEP]) is taken where it stands (TaskContext.encode_ids).
-        foreign = sorted(
-            {
-                i
-                for m in chosen
-                for i in m.ctx.foreign_ids.difference(*m.ctx.special_frame)
-                if capability
-            }
-        )
+        # tokenizer's (runtime.tasks.common.TaskContext.foreign_ids).
+        foreign = sorted({i for m in chosen for i in m.ctx.foreign_ids}) if capability else []
         for node in resolve(components, components.get(name), (field,)):
             for ids in integers(node):
                 ids["maximum"] = top

@@ -215,19 +215,23 @@ def test_a_changed_static_file_is_a_bundle_error(bundles, tmp_path):
 
 def test_a_cpu_call_of_a_sparse_model_holds_its_logits_to_a_bound(server):
     """The MLM logits of a call are 4 bytes a vocabulary entry a token: a sparse model's calls
-    on a CPU hold at most VOCAB_CALL_BYTES of them (at least one full row); other models and
-    other providers keep max_batch_tokens."""
-    from bertserve.service.models import VOCAB_CALL_BYTES, call_tokens
+    on a CPU hold at most 64 MiB of them (at least one full row), and its batcher keeps to that;
+    other models and other providers keep max_batch_tokens."""
+    from bertserve.service.models import call_tokens
 
     spec = server.state.models["bert-splade"].spec
-    cap = call_tokens(spec, "CPUExecutionProvider")
-    assert cap == max(spec.max_seq_len, VOCAB_CALL_BYTES // (4 * spec.tokenizer.vocab_size))
+
+    def shaped(vocab: int, length: int):
+        tokenizer = spec.tokenizer.model_copy(update={"vocab_size": vocab})
+        return spec.model_copy(update={"tokenizer": tokenizer, "max_seq_len": length})
+
+    # MiniLM's 30,522 pieces: 549 tokens of 122 kB of logits (two rows of 256); a 250k-piece
+    # vocabulary (XLM-R's) gets one full row, whatever that takes
+    assert call_tokens(shaped(30_522, 256), "CPUExecutionProvider") == 549
+    assert call_tokens(shaped(250_002, 256), "CPUExecutionProvider") == 256
     assert call_tokens(spec, "CUDAExecutionProvider") is None
     assert call_tokens(server.state.models["tiny-classify"].spec, "CPUExecutionProvider") is None
-    big = spec.model_copy(
-        update={"tokenizer": spec.tokenizer.model_copy(update={"vocab_size": 250_002})}
-    )
-    assert call_tokens(big, "CPUExecutionProvider") == max(spec.max_seq_len, 67)
+    cap = call_tokens(spec, "CPUExecutionProvider")
     batcher = server.state.models["bert-splade"].batcher
     assert batcher.max_tokens == min(server.state.settings.max_batch_tokens, cap)
 
