@@ -135,7 +135,7 @@ class Engine:
             # A sparse head's (rows x length x vocabulary) logits would stay in the CPU arena
             # after the warm-up: 850 MiB more a worker for MiniLM at rest, past the memory the
             # deployment is sized for (docs/deploy.md#memory). Without the arena they are given
-            # back after each call, for calls about 25% slower (docs/reports/sparse.md).
+            # back after each call, for calls 19-31% slower (docs/deploy.md#memory).
             options = replace(options, cpu_arena="no-arena")
         available = ort.get_available_providers()
         requested = options.provider_list(available)

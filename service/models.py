@@ -136,8 +136,8 @@ def load_model(
 # vocabulary: 122 kB a token, 1 GB for a call of the default 8,192 tokens), several copies of
 # it live at once, and the sparse model runs without the CPU arena (runtime.engine), so each
 # call allocates them afresh. On a CPU a call is held to this much of one copy: 549 tokens
-# for MiniLM (two rows of 256), which run 1.16x the tokens a second of 8,192-token calls and
-# take 38 MiB a call, not 1,879 (`bertserve bench sparse`, docs/reports/sparse.md).
+# for MiniLM (two rows of 256), which run 1.22x the tokens a second of 8,192-token calls and
+# take 131 MiB a call, not 2,016 (`bertserve bench sparse`, docs/reports/sparse.md).
 VOCAB_CALL_BYTES = 64 * 2**20
 
 
