@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from bertserve.export.colbert import read_colbert
 from bertserve.export.graph import (
     OPSET,
     TaskGraph,
@@ -160,10 +161,11 @@ def torch_parity(
     max_len: int,
     pooling: dict[str, Any] | None = None,
     sparse: dict[str, Any] | None = None,
+    projection: Any = None,
 ) -> dict[str, Any]:
     """The torch model and an exported graph on the same sample sentences, compared."""
     feeds = sample_feeds(tokenizer, SAMPLE_TEXTS, inputs, max_len, model.config.case_type_ids)
-    graph = TaskGraph(model, tasks, str((pooling or {}).get("mode", "mean")), sparse)
+    graph = TaskGraph(model, tasks, str((pooling or {}).get("mode", "mean")), sparse, projection)
     return compare(
         torch_outputs(graph, feeds, inputs, outputs),
         onnx_outputs(onnx_path, feeds),
@@ -223,6 +225,7 @@ def build_bundle(
         checkpoint = sparse_source.encoder
     config = read_config(checkpoint)
     tokenizer = BertTokenizer.load(checkpoint)
+    colbert = read_colbert(root, tokenizer.tokenizer) if "multivector" in tasks else None
     sentence = read_sentence_settings(checkpoint)
     if lower_case is None:
         lower_case = sentence.get("do_lower_case", False)
@@ -239,7 +242,7 @@ def build_bundle(
     else:
         keys = set(read_state_dict(checkpoint, config, arch or "BertModel"))
         tasks = resolve_tasks(tasks, keys, arch)
-    if "rerank" in tasks and config.num_labels != 1:
+    if "rerank" in tasks and "multivector" not in tasks and config.num_labels != 1:
         raise ValueError(
             f"a rerank bundle needs a cross-encoder (a classifier with one output); "
             f"{checkpoint} has {config.num_labels} labels"
@@ -247,6 +250,9 @@ def build_bundle(
     # As sentence-transformers reads it: sentence_bert_config.json's max_seq_length, else the
     # tokenizer's model_max_length; capped at the model's positions, and by default at 512.
     limit = sentence.get("max_seq_length") or min(512, read_model_max_length(checkpoint) or 512)
+    if colbert is not None:  # PyLate's tokenizer cuts at the sides' lengths, not at this
+        sides = colbert.settings
+        limit = max(sides["query_length"], sides["document_length"])
     max_len = max_seq_len or min(limit, config.max_sequence)
     if not 8 <= max_len <= config.max_sequence:
         named = (
@@ -264,8 +270,13 @@ def build_bundle(
             pooling["normalize"] = normalize
     elif pooling_mode is not None or normalize is not None:
         raise ValueError("--pooling and --normalize apply to an embed bundle only")
-    prompts = read_prompts(root) if {"embed", "sparse"} & set(tasks) else {}
+    prompts = read_prompts(root) if {"embed", "sparse", "multivector"} & set(tasks) else {}
     sparse = dict(sparse_source.settings) if sparse_source is not None else None
+    projection = colbert.projection if colbert is not None else None
+    multivector = dict(colbert.settings) if colbert is not None else None
+    if multivector is not None:  # a side longer than the model's positions cannot run anyway
+        for side in ("query_length", "document_length"):
+            multivector[side] = min(multivector[side], max_len)
     if pooling is not None and pooling["mode"] == "mean" and prompts["prompts"]:
         pooling_config = checkpoint / "1_Pooling" / "config.json"
         if (
@@ -280,13 +291,27 @@ def build_bundle(
     with tempfile.TemporaryDirectory(prefix="bertserve-export-") as tmp:
         work = Path(tmp)
         export_onnx(
-            model, tasks, work / "raw.onnx", str((pooling or {}).get("mode", "mean")), sparse
+            model,
+            tasks,
+            work / "raw.onnx",
+            str((pooling or {}).get("mode", "mean")),
+            sparse,
+            projection,
         )
         fused = optimise(
             work / "raw.onnx", work / "fp32.onnx", config.num_attention_heads, config.hidden_size
         )
         check = torch_parity(
-            model, tasks, tokenizer, work / "fp32.onnx", inputs, outputs, max_len, pooling, sparse
+            model,
+            tasks,
+            tokenizer,
+            work / "fp32.onnx",
+            inputs,
+            outputs,
+            max_len,
+            pooling,
+            sparse,
+            projection,
         )
         if check["max_abs_diff"] > TOLERANCE["fp32"]:
             raise ValueError(f"ONNX Runtime differs from torch by {check['max_abs_diff']:.2e}")
@@ -324,7 +349,16 @@ def build_bundle(
         shutil.copyfile(final, staging / "model.onnx")
         if final != work / "fp32.onnx":  # the variant's own parity with torch, recorded
             check = torch_parity(
-                model, tasks, tokenizer, final, inputs, outputs, max_len, pooling, sparse
+                model,
+                tasks,
+                tokenizer,
+                final,
+                inputs,
+                outputs,
+                max_len,
+                pooling,
+                sparse,
+                projection,
             )
         tokenizer.tokenizer.save(str(staging / "tokenizer.json"))
         if sparse_source is not None and sparse_source.static_weights is not None:
@@ -353,6 +387,7 @@ def build_bundle(
             output_axes=output_axes(tasks),
             pooling=pooling,
             sparse=sparse,
+            multivector=multivector,
             **prompts,
             precision=precision,
             model_sha256=sha256(staging / "model.onnx"),

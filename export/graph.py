@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from bertserve.model.heads import BertPreTrainedModel, gather_positions, splade_pool
 from bertserve.runtime.bundle import BASE_INPUTS, MASK_POSITIONS, SEGMENTS
-from bertserve.runtime.capabilities import CAPABILITIES
+from bertserve.runtime.capabilities import CAPABILITIES, graph_tasks
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ HEAD_KEYS: dict[str, tuple[str, ...]] = {
     "embed": (),
     "rerank": ("classifier.weight",),
     "sparse": ("cls.predictions.transform.dense.weight", "cls.predictions.bias"),
+    "multivector": (),  # the encoder; the projection comes from the ColBERT directory
 }
 TASKS = tuple(CAPABILITIES)
 # Dynamic axes of the exported graph, by an output's kind.
@@ -130,6 +131,8 @@ def resolve_tasks(
     if unknown:
         raise ExportError(f"unknown task {unknown[0]!r}; tasks are {', '.join(TASKS)}")
     tasks = list(dict.fromkeys(requested))
+    if "multivector" in tasks:
+        return multivector_tasks(tasks)
     for task in tasks:
         missing = [k for k in HEAD_KEYS[task] if k not in checkpoint_keys]
         if missing:
@@ -159,17 +162,31 @@ def resolve_tasks(
     return [t for t in TASKS if t in tasks]
 
 
+def multivector_tasks(tasks: list[str]) -> list[str]:
+    """A multivector (ColBERT) bundle's tasks: its vectors, and /rerank by MaxSim on them."""
+    if set(tasks) - {"multivector", "rerank"}:
+        raise ExportError(
+            f"tasks {tasks}: a multivector (ColBERT) bundle serves its vectors and MaxSim "
+            "reranking only; export other heads as bundles of their own"
+        )
+    return [t for t in TASKS if t in ("multivector", "rerank")]
+
+
 # The two heads of a BERT pre-training checkpoint: one graph serves fill-mask and NSP.
 PRETRAINING = {"BertForMaskedLM", "BertForPreTraining"}
 
 
 def task_architecture(tasks: list[str]) -> str:
     """The head class a bundle of `tasks` loads: NSP needs BERT's pre-training heads."""
+    if "multivector" in tasks:
+        return CAPABILITIES["multivector"].architecture
     return "BertForPreTraining" if "nsp" in tasks else CAPABILITIES[tasks[0]].architecture
 
 
 def output_axes(tasks: list[str]) -> dict[str, str]:
-    return {name: kind for t in tasks for name, kind in CAPABILITIES[t].outputs.items()}
+    return {
+        name: kind for t in graph_tasks(tasks) for name, kind in CAPABILITIES[t].outputs.items()
+    }
 
 
 def graph_io(tasks: list[str], segments: bool = True) -> tuple[list[str], list[str]]:
@@ -198,6 +215,8 @@ def own_tasks(requested: list[str], architecture: str | None) -> list[str]:
     unknown = [t for t in requested if t not in CAPABILITIES]
     if unknown:
         raise ExportError(f"unknown task {unknown[0]!r}; tasks are {', '.join(TASKS)}")
+    if "multivector" in requested:  # any checkpoint's encoder, projected
+        return multivector_tasks(requested)
     suffix = next((s for s in OWN_HEADS if architecture and architecture.endswith(s)), "Model")
     served = OWN_HEADS[suffix]
     if all(t == "embed" for t in requested):
@@ -220,9 +239,12 @@ class TaskGraph(nn.Module):
         tasks: list[str],
         pooling: str = "mean",
         sparse: dict[str, Any] | None = None,
+        projection: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.model = model
+        # A multivector graph's projection (PyLate's Dense layers: export/colbert.py)
+        self.projection = projection
         self.tasks = tasks
         self.pooling = pooling
         # SPLADE's pooling and activation (bundle.json "sparse"), for a sparse graph
@@ -240,6 +262,9 @@ class TaskGraph(nn.Module):
         arch = m.architecture
         if arch.startswith(OWN_ENCODERS):
             return self.own(m, input_ids, attention_mask, token_type_ids, mask_positions)
+        if "multivector" in self.tasks:  # every position, projected and normalised
+            sequence, _ = m.bert(input_ids, attention_mask, token_type_ids)
+            return (self.vectors(sequence),)
         if "sparse" in self.tasks:  # every position's vocabulary logits, SPLADE-pooled
             sequence, _ = m.bert(input_ids, attention_mask, token_type_ids)  # (B, S, H)
             return (self.splade(m.cls.predictions(sequence), attention_mask),)
@@ -270,6 +295,8 @@ class TaskGraph(nn.Module):
     ) -> tuple[Tensor, ...]:
         """The heads of OWN_ENCODERS as the same graph outputs."""
         segments = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        if "multivector" in self.tasks:
+            return (self.vectors(m(input_ids, attention_mask, **segments)),)
         if "embed" in self.tasks:  # the bare encoder: its last hidden states
             return self.pooled(m(input_ids, attention_mask, **segments), attention_mask)
         if "fill-mask" in self.tasks:
@@ -279,6 +306,11 @@ class TaskGraph(nn.Module):
             return (self.splade(m(input_ids, attention_mask, **segments), attention_mask),)
         out = m(input_ids, attention_mask, **segments)
         return out if isinstance(out, tuple) else (out,)
+
+    def vectors(self, sequence: Tensor) -> Tensor:
+        """(B, S, H) token states -> (B, S, D) unit vectors through the projection."""
+        assert self.projection is not None, "a multivector graph has a projection"
+        return torch.nn.functional.normalize(self.projection(sequence), p=2, dim=-1)
 
     def splade(self, logits: Tensor, attention_mask: Tensor) -> Tensor:
         """(B, S, V) logits -> (B, V) SPLADE weights, as the bundle's "sparse" says."""
@@ -313,6 +345,7 @@ def export_onnx(
     path: Path,
     pooling: str = "mean",
     sparse: dict[str, Any] | None = None,
+    projection: nn.Module | None = None,
 ) -> None:
     """Trace with the TorchScript exporter: its graph is the one ONNX Runtime's BERT fusions
     recognise (Attention, SkipLayerNormalization, BiasGelu)."""
@@ -322,7 +355,7 @@ def export_onnx(
     if MASK_POSITIONS in inputs:
         axes[MASK_POSITIONS] = {0: "batch", 1: "predictions"}
     axes |= {name: DYNAMIC_AXES[kind] for name, kind in output_axes(tasks).items()}
-    graph = TaskGraph(model, tasks, pooling, sparse)
+    graph = TaskGraph(model, tasks, pooling, sparse, projection)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
         torch.onnx.export(

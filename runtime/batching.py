@@ -104,6 +104,9 @@ class Row:
     # Outputs computed only on demand (runtime.capabilities.ON_DEMAND) that this row needs: the
     # call of any batch holding it computes them, for every row of it.
     wants: tuple[str, ...] = ()
+    # The leading positions attended (None: all): a ColBERT query's [MASK] expansion is input
+    # the model reads at positions nothing attends to (runtime/tasks/multivector.py).
+    attend: int | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -763,7 +766,7 @@ def pad_rows(
     }
     for i, row in enumerate(rows):
         feeds["input_ids"][i, : lengths[i]] = row.input_ids
-        feeds["attention_mask"][i, : lengths[i]] = 1
+        feeds["attention_mask"][i, : lengths[i] if row.attend is None else row.attend] = 1
         feeds["token_type_ids"][i, : lengths[i]] = row.token_type_ids
     if positions is not None:
         wanted = [r.mask_positions for r in rows if r.mask_positions is not None]

@@ -122,6 +122,24 @@ class SparseSpec(_Strict):
         return self
 
 
+class MultiVectorSpec(_Strict):
+    """A multi-vector (ColBERT) bundle, as PyLate's `ColBERT` encodes: a marker token put after
+    the first special token of each side's texts; queries cut or padded with `expansion_id` (the
+    [MASK] token) to `query_length` positions, attended or not as the checkpoint says; documents
+    cut to `document_length` and their `skip_ids` (punctuation: the checkpoint's skiplist) left
+    out of the answer. The graph's vectors are projected and normalised."""
+
+    dim: int = Field(ge=1)
+    query_prefix_id: int | None = Field(None, ge=0)
+    document_prefix_id: int | None = Field(None, ge=0)
+    query_length: int = Field(ge=3)
+    document_length: int = Field(ge=3)
+    query_expansion: bool = True
+    attend_to_expansion: bool = False
+    expansion_id: int = Field(ge=0)
+    skip_ids: list[int] = []
+
+
 class BundleSpec(_Strict):
     format_version: Literal[2]
     name: str = Field(min_length=1)
@@ -136,6 +154,7 @@ class BundleSpec(_Strict):
     output_axes: dict[str, Axes]
     pooling: PoolingSpec | None = None  # embeddings only
     sparse: SparseSpec | None = None  # sparse embeddings only
+    multivector: MultiVectorSpec | None = None  # multi-vector (ColBERT) embeddings only
     # Embeddings: named texts put before an input (sentence-transformers' prompts, e.g. E5's
     # "query: " and "passage: "), chosen by a request's prompt_name; the default one, if any,
     # applies when a request names none.
@@ -183,6 +202,14 @@ class BundleSpec(_Strict):
             )
         if self.sparse is not None and "sparse" not in self.tasks:
             raise ValueError(f"sparse settings in a bundle of {self.tasks}, which has no sparse")
+        if (self.multivector is None) != ("multivector" not in self.tasks):
+            raise ValueError("a multivector bundle, and only one, has multivector settings")
+        if self.multivector is not None and self.max_seq_len < max(
+            self.multivector.query_length, self.multivector.document_length
+        ):
+            raise ValueError(
+                f"max_seq_len {self.max_seq_len} is below the multivector query or document length"
+            )
         if self.tokenizer.case_type_ids and SEGMENTS not in self.inputs:
             raise ValueError("tokenizer.case_type_ids needs the token_type_ids input")
         if self.tokenizer.case_type_ids and self.tasks != ["ner"]:

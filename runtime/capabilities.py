@@ -103,7 +103,25 @@ CAPABILITIES = _table(
         training="none",
         evaluations=("retrieval",),
     ),
+    # Multi-vector (ColBERT) vectors: every position's last hidden state projected and
+    # normalised (PyLate's ColBERT; bundle.json "multivector" frames its texts). Such a bundle
+    # declares "rerank" too: /rerank scores its documents by MaxSim on these vectors; its graph
+    # has this output only (`graph_tasks`).
+    Capability(
+        name="multivector",
+        architecture="BertModel",
+        outputs={"multivector_embeddings": "token"},
+        labelled=False,
+        training="none",
+        evaluations=(),
+    ),
 )
+
+
+def graph_tasks(tasks: list[str]) -> list[str]:
+    """The tasks whose heads a bundle's graph computes: a multivector bundle's "rerank" is
+    MaxSim on its vectors, not a head of its own."""
+    return [t for t in tasks if not (t == "rerank" and "multivector" in tasks)]
 
 
 # Outputs a model call computes only for a batch holding a row that asks for them

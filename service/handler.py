@@ -182,8 +182,9 @@ async def _run(call: Call, off_loop: bool) -> Any:
     rows = call.rows
     # More could never be admitted: a client batch's rows queue in the bulk lane.
     queue = settings.max_bulk_queue_rows if bulk else settings.max_queue_rows
-    # A row an input at least (2,048 texts are 2,048 rows); the windows of long texts, more.
-    limit = min(max(settings.request_limits[task.rows_limit], len(call.items)), queue)
+    # A row an input at least (2,048 texts are 2,048 rows), and a MaxSim rerank's query its
+    # own; the windows of long texts, more.
+    limit = min(max(settings.request_limits[task.rows_limit], len(call.items) + 1), queue)
     if len(rows) > limit:  # a 100,000-token text: refused before it is queued or computed
         raise TooLarge(
             f"the input needs {len(rows)} sequences of up to {model.ctx.max_len} tokens; one "

@@ -21,6 +21,7 @@ from bertserve.runtime.bundle import (
     check_model_file,
     load_bundle_spec,
 )
+from bertserve.runtime.capabilities import graph_tasks
 from bertserve.runtime.engine import Engine
 from bertserve.runtime.tasks import READS
 from bertserve.runtime.tasks.common import TaskContext
@@ -33,8 +34,9 @@ log = logging.getLogger("bertserve.models")
 
 
 def check_serves(directory: Path, spec: BundleSpec) -> None:
-    """Every task the bundle declares is one an endpoint serves, with the outputs it reads."""
-    for task in spec.tasks:
+    """Every task the bundle declares is one an endpoint serves, with the outputs it reads (a
+    multivector bundle's "rerank" reads its vectors: runtime/capabilities.py graph_tasks)."""
+    for task in graph_tasks(spec.tasks):
         reads = READS.get(task)
         if reads is None:
             raise BundleError(

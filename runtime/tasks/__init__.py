@@ -11,6 +11,7 @@ from bertserve.runtime.tasks import (
     classify,
     embed,
     fill_mask,
+    multivector,
     ner,
     nsp,
     qa,
@@ -37,6 +38,7 @@ TASKS: dict[str, Task] = {
         rerank.COHERE_RERANK_V2,
         sparse.EMBED_SPARSE,
         tokens.EMBED_ALL,
+        multivector.MULTI_VECTOR,
     )
 }
 # The capabilities (bundle.json "tasks", runtime/capabilities.py) some endpoint serves,

@@ -11,11 +11,18 @@ the service's `auto_truncate` where it says nothing; the Cohere schema always tr
 it is a 413. Cohere's `max_tokens_per_doc` cuts each document to that many pieces first, and
 `rank_fields` ranks object documents on the fields it names, written as "field: value" lines,
 as Cohere's API does.
+
+A multivector (ColBERT) bundle serves the same routes by late interaction, as vLLM's /score
+does: the query and each document are encoded apart (framed as its /v1/multi-vector sides:
+runtime/tasks/multivector.py), a document's score is MaxSim (each query vector's best dot
+product with the document's, summed), unbounded and unsquashed (`raw_scores` changes nothing),
+and a document is cut at the bundle's document length, as ColBERT cuts it.
 """
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
 import numpy as np
@@ -42,6 +49,7 @@ from bertserve.runtime.tasks.common import (
     usage,
 )
 from bertserve.runtime.tasks.embed import LongInputField, Truncate
+from bertserve.runtime.tasks.multivector import framed_rows, maxsim, unit_vectors
 
 Documents = Annotated[list[Text], Field(min_length=1)]
 
@@ -172,6 +180,31 @@ def pair_rows(
     )
 
 
+@dataclass
+class LateInteraction:
+    """A MaxSim rerank's plan: row 0 is the query, the rest the documents in order; the
+    positions of each row that score."""
+
+    keep: list[np.ndarray]
+
+
+def late_rows(ctx: TaskContext, query: str, documents: list[str]) -> tuple[list[Row], Any]:
+    """The query as a query and each document as a document of the multivector bundle."""
+    query = ctx.check_text(query, "query")
+    documents = [ctx.check_text(d, f"document {i}") for i, d in enumerate(documents)]
+    q_rows, q_keep = framed_rows(ctx, [query], True, None, truncate=True)
+    d_rows, d_keep = framed_rows(ctx, documents, False, None, truncate=True)
+    return q_rows + d_rows, LateInteraction(q_keep + d_keep)
+
+
+def scored(prepared: Groups | LateInteraction, results: list[RowResult]) -> np.ndarray | None:
+    """MaxSim scores of a late-interaction plan's documents (None for a cross-encoder's)."""
+    if not isinstance(prepared, LateInteraction):
+        return None
+    vectors = [unit_vectors(r, k) for r, k in zip(results, prepared.keep, strict=True)]
+    return np.asarray([maxsim(vectors[0], d) for d in vectors[1:]])
+
+
 def best_chunks(results: list[RowResult], groups: Groups) -> np.ndarray:
     """Each document's logit: its best chunk's."""
     raw = logits(results)
@@ -243,15 +276,21 @@ class Rerank(Task):
 
     def prepare(
         self, ctx: TaskContext, items: list[str], request: RerankRequest
-    ) -> tuple[list[Row], Groups]:
+    ) -> tuple[list[Row], Any]:
+        if ctx.spec.multivector is not None:
+            return late_rows(ctx, request.query, items)
         mode = long_mode(ctx, request.long_input, request.truncate)
         return pair_rows(ctx, request.query, items, mode, request.truncation_direction)
 
     def finish(
-        self, ctx: TaskContext, prepared: Groups, results: list[RowResult], request: RerankRequest
+        self, ctx: TaskContext, prepared: Any, results: list[RowResult], request: RerankRequest
     ) -> list[Any]:
-        raw = best_chunks(results, prepared)
-        scores = raw if request.raw_scores else sigmoid(raw)
+        late = scored(prepared, results)
+        if late is not None:
+            scores = late
+        else:
+            raw = best_chunks(results, prepared)
+            scores = raw if request.raw_scores else sigmoid(raw)
         return [
             {"index": i, "score": float(scores[i])}
             | ({"text": request.texts[i]} if request.return_text else {})
@@ -290,13 +329,15 @@ class CohereRerank(Task):
 
     def prepare(
         self, ctx: TaskContext, items: list[str], request: CohereRerankRequest
-    ) -> tuple[list[Row], Groups]:
+    ) -> tuple[list[Row], Any]:
         most = request.max_tokens_per_doc
         if most is not None:  # cut after its length is checked, before its pairing
             items = [
                 first_tokens(ctx, ctx.check_text(t, f"document {i}"), most)
                 for i, t in enumerate(items)
             ]
+        if ctx.spec.multivector is not None:
+            return late_rows(ctx, request.query, items)
         mode: LongInput = request.long_input or (
             "chunk" if request.max_chunks_per_doc is not None else ctx.long_input
         )
@@ -310,11 +351,12 @@ class CohereRerank(Task):
     def finish(
         self,
         ctx: TaskContext,
-        prepared: Groups,
+        prepared: Any,
         results: list[RowResult],
         request: CohereRerankRequest,
     ) -> list[Any]:
-        scores = sigmoid(best_chunks(results, prepared))
+        late = scored(prepared, results)
+        scores = late if late is not None else sigmoid(best_chunks(results, prepared))
         order = best_first(scores)[: request.top_n]
         return [
             {"index": i, "relevance_score": float(scores[i])}
