@@ -3,15 +3,19 @@ over HTTP, on SQuAD v1.1 dev with the whole dev corpus as the documents (2,067 p
 every question as a query (gold: the question's own paragraph).
 
     bertserve evaluate --task retrieval --url http://127.0.0.1:8000 --data DATA/squad-v1.1 \
-        [--dense minilm-embed] [--sparse splade-minilm] [--rerank msmarco-minilm-l12-rerank]
+        [--dense minilm-embed] [--sparse splade-minilm] [--rerank msmarco-minilm-l12-rerank] \
+        [--multivector colbert-minilm]
 
 Measured: recall@1, recall@10 and MRR@10 of
 - BM25 (`bm25s`, English stop words; the baseline),
 - dense: the cosine of /embed vectors,
 - sparse: the dot product of /embed_sparse vectors (questions as "query", paragraphs as
   "document"),
+- multi-vector (with `--multivector`): MaxSim of /v1/multi-vector vectors (questions as
+  "query", paragraphs as "document") over the whole corpus,
 - hybrid: reciprocal-rank fusion (RRF, k = 60: the sum of 1 / (60 + rank) over the rankings'
-  first 100) of dense and sparse, and of dense and BM25 for comparison,
+  first 100) of dense and sparse, of dense and BM25 for comparison, and (with `--multivector`)
+  of dense, sparse and multi-vector,
 - reranked: the hybrid's first 20 reranked by /rerank (a cross-encoder), on the first
   `rerank_questions` questions of a fixed draw (20 pairs a question cost minutes a thousand).
 """
@@ -127,6 +131,24 @@ def sparse_matrix(answers: list[list[dict[str, Any]]], width: int) -> Any:
     return csr_matrix((values, indices, indptr), shape=(len(answers), width), dtype=np.float32)
 
 
+def maxsim_scores(
+    queries: list[np.ndarray], documents: list[np.ndarray], chunk: int = 8
+) -> np.ndarray:
+    """(Q, P) MaxSim of every query against every document: the documents' vectors in one
+    matrix, each query token's best dot product within each document (`reduceat` over the
+    documents' offsets), summed over the query's tokens."""
+    flat = np.concatenate(documents).astype(np.float32)
+    starts = np.cumsum([0, *(len(d) for d in documents[:-1])])
+    out = np.empty((len(queries), len(documents)), dtype=np.float32)
+    for i in tqdm(range(0, len(queries), chunk), desc="maxsim", leave=False):
+        block = queries[i : i + chunk]
+        stacked = np.concatenate(block).astype(np.float32)  # (tokens, D)
+        best = np.maximum.reduceat(stacked @ flat.T, starts, axis=1)  # (tokens, P)
+        cuts = np.cumsum([0, *(len(q) for q in block)])
+        out[i : i + len(block)] = np.add.reduceat(best, cuts[:-1], axis=0)
+    return out
+
+
 def evaluate_retrieval(
     url: str,
     data_dir: Path,
@@ -135,17 +157,20 @@ def evaluate_retrieval(
     reranker: str | None = None,
     questions: int | None = None,
     rerank_questions: int = 500,
+    multivector: str | None = None,
 ) -> dict[str, Any]:
     """The table of the module's docstring, through the service at `url`. `dense`, `sparse`
-    and `reranker`: model names (None: the service's default for that task); `questions`: the
-    first N of a fixed draw (None: all)."""
+    and `reranker`: model names (None: the service's default for that task); `multivector`:
+    a ColBERT bundle's name (None: not measured); `questions`: the first N of a fixed draw
+    (None: all)."""
     paragraphs, texts, gold = read_dev(data_dir)
     order = np.random.default_rng(0).permutation(len(texts))[:questions]
     texts, gold = [texts[i] for i in order], gold[order]
     result: dict[str, Any] = {
         "data": f"SQuAD v1.1 dev: {len(texts)} questions, {len(paragraphs)} paragraphs",
         "fusion": f"reciprocal rank (k = {RRF_K}) over each ranking's first {FUSED_DEPTH}",
-        "models": {"dense": dense, "sparse": sparse, "rerank": reranker},
+        "models": {"dense": dense, "sparse": sparse, "rerank": reranker}
+        | ({"multivector": multivector} if multivector else {}),
     }
     ranked: dict[str, np.ndarray] = {"bm25": rankings(bm25_scores(paragraphs, texts))}
 
@@ -174,8 +199,29 @@ def evaluate_retrieval(
         "question": round(float(np.mean([len(a) for a in query_answers])), 1),
         "paragraph": round(float(np.mean([len(a) for a in doc_answers])), 1),
     }
+    if multivector:
+
+        def colbert(side: str) -> Callable[[list[str]], list[Any]]:
+            def call(batch: list[str]) -> list[Any]:
+                body = {"input": batch, "input_type": side, "model": multivector}
+                data = post(url, "/v1/multi-vector", body, None)["data"]
+                return [np.asarray(d["embeddings"], dtype=np.float32) for d in data]
+
+            return call
+
+        doc_vectors = in_batches(paragraphs, colbert("document"), "multi-vector paragraphs", 8)
+        query_vectors = in_batches(texts, colbert("query"), "multi-vector questions")
+        ranked["multivector"] = rankings(maxsim_scores(query_vectors, doc_vectors))
+        result["multivector_tokens"] = {
+            "question": round(float(np.mean([len(v) for v in query_vectors])), 1),
+            "paragraph": round(float(np.mean([len(v) for v in doc_vectors])), 1),
+        }
     ranked["hybrid_dense_sparse"] = fuse(ranked["dense"], ranked["sparse"])
     ranked["hybrid_dense_bm25"] = fuse(ranked["dense"], ranked["bm25"])
+    if multivector:
+        ranked["hybrid_dense_sparse_multivector"] = fuse(
+            ranked["dense"], ranked["sparse"], ranked["multivector"]
+        )
     result |= {name: metrics(r, gold) for name, r in ranked.items()}
     few = min(rerank_questions, len(texts))
     hybrid = ranked["hybrid_dense_sparse"][:few, :RERANK_DEPTH]
