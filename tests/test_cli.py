@@ -27,6 +27,7 @@ SUBCOMMANDS = (
     "shrink",
     "rerank",
     "splade",
+    "colbert",
     "soup",
     "evaluate",
     "bench",
