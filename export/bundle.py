@@ -568,6 +568,7 @@ def verify(directory: Path) -> dict[str, Any]:
         return report
     model = load_model(source, spec.source.architecture).eval()
     tokenizer = bundle_tokenizer(directory, spec)
+    colbert = read_colbert(source, tokenizer.tokenizer) if "multivector" in spec.tasks else None
     result = torch_parity(
         model,
         spec.tasks,
@@ -578,6 +579,7 @@ def verify(directory: Path) -> dict[str, Any]:
         spec.max_seq_len,
         spec.pooling.model_dump() if spec.pooling else None,
         spec.sparse.model_dump() if spec.sparse else None,
+        colbert.projection if colbert is not None else None,
     )
     gate = MIN_AGREEMENT[spec.precision]
     result["agreement_p_value"] = agreement_p_value(

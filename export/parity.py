@@ -167,17 +167,18 @@ def torch_outputs(
 
 def valid_rows(name: str, value: np.ndarray, feeds: dict[str, np.ndarray]) -> np.ndarray:
     """The entries that mean something: per-token outputs at real tokens only, fill-mask logits
-    at filled prediction slots only; shape (N, classes) or (N,) for span logits."""
+    at filled prediction slots only; shape (N, classes) or (N,) for span logits. Every row
+    counted once, so top-1 agreement is a share of rows."""
     mask = feeds["attention_mask"].astype(bool)
     if name in ("start_logits", "end_logits"):
-        return value[mask]
-    if name == "logits" and value.ndim == 3:
         return value[mask]
     if name == "mlm_logits":
         real = np.zeros(feeds["mask_positions"].shape, dtype=bool)
         for i, row in enumerate(feeds["mask_positions"]):
             real[i, : max(1, int(np.count_nonzero(row)))] = True
         return value[real]
+    if value.ndim == 3:  # per-token outputs (NER logits, ColBERT vectors): real tokens only
+        return value[mask]
     return value
 
 

@@ -325,6 +325,24 @@ def test_int8_embedding_rows_shrink_the_table_and_keep_the_answers(checkpoints, 
     assert report["variant_accuracy"]["texts"] == len(TEXTS) * 8  # the rate, measured at export
 
 
+def test_per_token_outputs_are_compared_at_real_tokens_once_each():
+    """A (batch, tokens, dim) output, a ColBERT head's vectors, counts each real token as one
+    row: agreement is a share (it once summed tokens over texts and read 26.0), and padding,
+    which a head may leave unzeroed, moves neither figure."""
+    from bertserve.export.parity import compare
+
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(2, 5, 8)).astype(np.float32)
+    cand = ref.copy()
+    cand[0, 1] = -ref[0, 1]  # one real token's argmax moves
+    cand[1, 4] += 100.0  # padding: ignored
+    feeds = {"attention_mask": np.array([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]])}
+    result = compare({"multivector_embeddings": ref}, {"multivector_embeddings": cand}, feeds)
+    assert result["compared"] == 7
+    assert result["top1_agreement"] == pytest.approx(6 / 7)
+    assert result["max_abs_diff"] == pytest.approx(float(2 * np.abs(ref[0, 1]).max()))
+
+
 @pytest.mark.parametrize(
     ("agreeing", "precision", "passes"),
     [

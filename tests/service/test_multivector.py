@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import transformers
 
-from bertserve.export.bundle import build_bundle
+from bertserve.export.bundle import SAMPLE_TEXTS, build_bundle, verify
 from tests.helpers.checkpoints import TINY_SHAPE, hf_checkpoint, write_vocab
 from tests.helpers.server import live_server
 
@@ -196,6 +196,10 @@ def test_our_trainers_checkpoint_is_what_pylate_loads(tmp_path):
     run_job("--encode", str(tmp_path / "ours"), str(texts), str(tmp_path / "theirs.json"))
     theirs = json.loads((tmp_path / "theirs.json").read_text())
     build_bundle(tmp_path / "ours", ["multivector"], tmp_path / "bundles" / "ours")
+    # verify, its checkpoint at hand, runs torch (with the projection) against the graph again
+    report = verify(tmp_path / "bundles" / "ours")
+    assert "parity_checked" not in report and report["parity"]["max_abs_diff"] <= 1e-4
+    assert report["parity"]["compared"] > len(SAMPLE_TEXTS)  # one row a real token
     with live_server(bundles=tmp_path / "bundles", max_wait_ms=5) as live:
         for side in ("query", "document"):
             got = vectors(live, "ours", side, TEXTS)
