@@ -68,6 +68,9 @@ MODES: dict[str, Mode] = {
     ),
     "rerank": Mode("bench.experiments.rerank", "/rerank against the CrossEncoder peer"),
     "sparse": Mode("bench.experiments.sparse", "/embed_sparse against /embed, same encoder"),
+    "multivector": Mode(
+        "bench.experiments.multivector", "/v1/multi-vector against /embed, same encoder"
+    ),
     "topology": Mode("bench.experiments.topology", "workers vs one engine process, A/B"),
 }
 
