@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -74,6 +75,19 @@ def command(
     return [sys.executable, "-m", module, "--bundle", str(bundle), "--port", str(port)]
 
 
+def refuse_taken_port(port: int) -> None:
+    """Exit naming the port if something listens on it: the readiness probe would otherwise be
+    answered by that server (a run left over) and the bench measure it, not the one it
+    started, whose bind failed."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1)
+        if probe.connect_ex(("127.0.0.1", port)) == 0:
+            raise SystemExit(
+                f"port {port} is taken (a server left from an earlier run?): stop it or pass "
+                "another --port"
+            )
+
+
 @contextmanager
 def serve(
     name: str,
@@ -90,6 +104,7 @@ def serve(
     """Run server `name` until the block ends; ready once POST `ready_path` answers 200.
     `cwd`: the source tree to run (`python -m` imports from the working directory first);
     `module`: ours, as that tree names it."""
+    refuse_taken_port(port)
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with open(log, "wb") as out:

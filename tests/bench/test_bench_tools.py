@@ -334,3 +334,20 @@ def test_idle_gap_times_the_call_and_not_the_gap_before_it(spin):
     assert Engine.calls == 5
     assert time.perf_counter() - started >= 5 * 0.022  # the gaps were spent
     assert 2.0 <= ms < 10.0  # and the median is the call's 2 ms, not gap + call
+
+
+def test_a_server_is_not_started_on_a_port_another_answers_on(tmp_path):
+    """A server left over on the port would answer the readiness probe and be measured in place
+    of the one started (whose bind fails): serve() refuses first, naming the port."""
+    import socket
+
+    from bench.servers import OURS, serve
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        refused = pytest.raises(SystemExit, match=f"port {port} is taken")
+        with refused, serve(OURS, tmp_path, tmp_path / "b", port, b"{}", tmp_path / "log"):
+            pass
+    assert not (tmp_path / "log").exists()  # nothing was started
