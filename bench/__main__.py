@@ -67,9 +67,11 @@ MODES: dict[str, Mode] = {
         "bench.experiments.pretrain_throughput", "training tokens/s of pre-training shapes"
     ),
     "rerank": Mode("bench.experiments.rerank", "/rerank against the CrossEncoder peer"),
-    "sparse": Mode("bench.experiments.sparse", "/embed_sparse against /embed, same encoder"),
+    "sparse": Mode(
+        "bench.experiments.retrieval.sparse", "/embed_sparse against /embed, same encoder"
+    ),
     "multivector": Mode(
-        "bench.experiments.multivector", "/v1/multi-vector against /embed, same encoder"
+        "bench.experiments.retrieval.multivector", "/v1/multi-vector against /embed, same encoder"
     ),
     "topology": Mode("bench.experiments.topology", "workers vs one engine process, A/B"),
 }

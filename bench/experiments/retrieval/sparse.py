@@ -89,7 +89,7 @@ def call_shapes(bundle: Path) -> list[dict[str, float]]:
                 [
                     sys.executable,
                     "-m",
-                    "bench.experiments.sparse",
+                    "bench.experiments.retrieval.sparse",
                     "--call-shape",
                     str(bundle),
                     str(rows),
