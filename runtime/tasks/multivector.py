@@ -83,7 +83,8 @@ def framed_rows(
     for text in texts:
         ids = tokenize(ctx.tokenizer, prompted(ctx, prompt, ctx.check_text(text))).ids
         if len(ids) > room and not truncate:
-            raise too_long(ctx, len(ids), room, "query" if query else "document")
+            # Counted as the length is: the marker's position included.
+            raise too_long(ctx, len(ids) + most - room, most, "query" if query else "document")
         framed, attended = frame(ids, query, spec)
         rows.append(Row(framed, np.zeros_like(framed), attend=attended))
         keep.append(kept(framed, attended, query, spec))

@@ -172,8 +172,25 @@ def test_bad_options_are_422s_that_say_what_to_send(server):
             json={"input": "paris", "model": "default", "embedding_type": "binary"},
         )
     assert width.status_code == 422 and "16 components" in width.text
-    assert long.status_code == 422 and "document length" in long.text
+    assert long.status_code == 422 and "document length (24)" in long.text
     assert kind.status_code == 422
+
+
+def test_the_document_length_counts_every_position_as_the_refusal_says(server):
+    """[CLS], the marker, the text and [SEP] fill the 24 positions: 21 words fit, 22 are
+    refused in the same count (25 against 24), not one that leaves the marker out."""
+    with server.client() as c:
+        fits, over = (
+            c.post(
+                "/v1/multi-vector",
+                json={"input": " ".join(["the"] * n), "model": "unused-attend", "truncate": False},
+            )
+            for n in (21, 22)
+        )
+    assert fits.status_code == 200, fits.text
+    assert len(fits.json()["data"][0]["embeddings"]) == 24
+    assert over.status_code == 422
+    assert "an input of 25 tokens" in over.text and "document length (24)" in over.text
 
 
 def test_our_trainers_checkpoint_is_what_pylate_loads(tmp_path):
