@@ -13,22 +13,24 @@ differ only by the head: /embed pools the last hidden states; /embed_sparse runs
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench.loadgen import closed_loop
-from bench.run import commit
+from bench.experiments.retrieval.side_by_side import (
+    add_load_arguments,
+    alternate,
+    measured_on,
+    ratio_table,
+    statuses,
+)
 from bench.servers import OURS, linked_bundles, serve
 from bertserve.runtime.bundle import load_bundle_spec
 
-SETTLE_S = 3
 # The graph alone, as the service runs a sparse model (no CPU arena: runtime.engine), at the
 # default max_batch_tokens, a quarter of it, and the cap a CPU call of a sparse model is held
 # to (service.models.call_tokens): full rows of 256 tokens.
@@ -130,13 +132,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sparse", type=Path, default=Path("bundles/splade-minilm"))
     parser.add_argument("--dense", type=Path, default=Path("runs/splade-minilm-dense"))
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/squad-v1.1"))
-    parser.add_argument("--levels", default="1,8")
-    parser.add_argument("--seconds", type=float, default=10)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--port", type=int, default=8193)
-    parser.add_argument("--work", type=Path, default=Path("runs/bench-sparse"))
-    parser.add_argument("--report", type=Path, default=None)
+    add_load_arguments(parser, port=8193, work="runs/bench-sparse")
     parser.add_argument("--call-shape", nargs=3, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.call_shape:
@@ -147,14 +143,12 @@ def main() -> None:
     bodies = write_bodies(args.data, args.work)
     bundles = linked_bundles([args.sparse, args.dense], args.work / "bundles")
     # a model is served under its bundle's name
-    names = {
-        "sparse": load_bundle_spec(args.sparse).name,
-        "dense": load_bundle_spec(args.dense).name,
+    models = {
+        "/embed": load_bundle_spec(args.dense).name,
+        "/embed_sparse": load_bundle_spec(args.sparse).name,
     }
     first = bodies["question"].read_text().splitlines()[0].encode()
-    levels = [int(x) for x in args.levels.split(",")]
-    routes = {"/embed": names["dense"], "/embed_sparse": names["sparse"]}
-    runs: dict[tuple[str, str, int], list[dict]] = {}
+    kinds = list(bodies)
     with serve(
         OURS,
         bundles,
@@ -164,66 +158,24 @@ def main() -> None:
         args.work / "server.log",
         ready_path="/embed_sparse",
     ) as server:
-        for round_ in range(args.rounds):
-            order = list(routes) if round_ % 2 == 0 else list(routes)[::-1]
-            for kind, path in bodies.items():
-                for level in levels:
-                    for route in order:
-                        url = f"{server.base}{route}?model={routes[route]}"
-                        closed_loop(url, path, 1, 2)  # warm this route and shape
-                        time.sleep(SETTLE_S)
-                        load = closed_loop(url, path, level, args.seconds)
-                        result = load.to_dict()
-                        if set(load.statuses) != {"200"}:
-                            raise SystemExit(f"{route} answered {load.statuses}: see the log")
-                        runs.setdefault((kind, route, level), []).append(result)
-                        print(
-                            json.dumps(
-                                {
-                                    "round": round_,
-                                    "kind": kind,
-                                    "route": route,
-                                    "level": level,
-                                    "req_s": load.throughput,
-                                    "p50_ms": load.p50_ms,
-                                    "statuses": load.statuses,
-                                }
-                            )
-                        )
-    rows = []
-    for kind in bodies:
-        for level in levels:
-            best = {r: max(x["throughput"] for x in runs[(kind, r, level)]) for r in routes}
-            p50 = {r: min(x["p50_ms"] for x in runs[(kind, r, level)]) for r in routes}
-            rows.append(
-                f"| {kind} | {level} | {best['/embed']:.1f} | {best['/embed_sparse']:.1f} | "
-                f"{best['/embed_sparse'] / best['/embed']:.2f}x | "
-                f"{p50['/embed']:.1f} / {p50['/embed_sparse']:.1f} ms |"
-            )
-    statuses = sorted({s for v in runs.values() for x in v for s in x["statuses"]})
+        runs = alternate(server, models, lambda kind, route: bodies[kind], kinds, args)
     shape_rows = [
         f"| {int(c['rows'])} x {int(c['length'])} = {int(c['rows'] * c['length']):,} | "
         f"{c['us_per_token']:.0f} | {c['call_mib']:,.0f} |"
         for c in shapes
     ]
+    command = f"bertserve bench sparse --sparse {args.sparse} --dense {args.dense}"
     text = "\n".join(
         [
             "# Sparse embeddings: /embed_sparse against /embed on the same encoder",
             "",
-            f"Measured on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC at {commit()}, "
-            f"{platform.machine()} ({platform.processor() or 'cpu'}) with {os.cpu_count()} "
-            f"cores, with `bertserve bench sparse --sparse {args.sparse} --dense {args.dense} "
-            f"--levels {args.levels} --rounds {args.rounds} --seconds {args.seconds:g}`: one "
-            "server holding both bundles, the routes alternating first each round, best of the "
-            "rounds. question: one SQuAD dev question a request; passages: 32 dev paragraphs "
-            "a request (`truncate` on).",
+            f"{measured_on(command, args)}: one server holding both bundles, the routes "
+            "alternating first each round, best of the rounds. question: one SQuAD dev question "
+            "a request; passages: 32 dev paragraphs a request (`truncate` on).",
             "",
-            "| body | connections | /embed req/s | /embed_sparse req/s | sparse / dense | "
-            "p50, dense / sparse |",
-            "|---|---|---|---|---|---|",
-            *rows,
+            *ratio_table(runs, kinds, args, "/embed", "/embed_sparse", "sparse"),
             "",
-            f"Statuses seen: {statuses}.",
+            f"Statuses seen: {statuses(runs)}.",
             "",
             "The sparse graph alone (ONNX Runtime, every core, no CPU arena, as the service "
             "runs a sparse model), one call of each shape in a fresh process, alternated "
