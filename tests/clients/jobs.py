@@ -81,11 +81,15 @@ def haystack(url: str, texts: list[str]) -> dict:
 def chroma(url: str, texts: list[str]) -> dict:
     """chromadb's HuggingFaceEmbeddingServer, which sends a whole add() in one request."""
     import chromadb
+    import httpx
     from chromadb.config import Settings
     from chromadb.utils.embedding_functions import HuggingFaceEmbeddingServer
 
     client = chromadb.EphemeralClient(Settings(anonymized_telemetry=False))
     function = HuggingFaceEmbeddingServer(url=f"{url}/embed")
+    # Its httpx client keeps httpx's 5 s default: a 2,000-text add() took longer on a 2-core
+    # AVX2 EPYC (docs/api.md#client-libraries), so the job gives it what a user would.
+    function._session.timeout = httpx.Timeout(60.0)
     collection = client.create_collection("sst2", embedding_function=function)
     collection.add(ids=[str(i) for i in range(len(texts))], documents=texts)
     got = collection.get(ids=[str(i) for i in SAMPLE], include=["embeddings"])
