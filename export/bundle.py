@@ -25,6 +25,7 @@ from bertserve.export.graph import (
     TaskGraph,
     export_onnx,
     graph_io,
+    head_file,
     optimise,
     output_axes,
     own_tasks,
@@ -46,7 +47,7 @@ from bertserve.export.parity import (
     torch_outputs,
 )
 from bertserve.export.sparse import read_sparse_encoder
-from bertserve.export.variants import CONVERT, RECONVERT
+from bertserve.export.variants import CONVERT, HEAD_CONVERT, RECONVERT
 from bertserve.model.checkpoint import (
     load_model,
     read_config,
@@ -65,12 +66,14 @@ from bertserve.runtime.bundle import (
     check_model_file,
     load_bundle_spec,
 )
-from bertserve.runtime.capabilities import CAPABILITIES
+from bertserve.runtime.capabilities import CAPABILITIES, HEAD_GRAPHS, head_outputs
 
 log = logging.getLogger(__name__)
 
 # An inference-free sparse bundle's static side: a float32 weight a vocabulary id.
 STATIC_FILE = "sparse_static.npy"
+# A head graph's task by its output (runtime.capabilities.HEAD_GRAPHS, turned round).
+HEAD_TASK = {output: task for task, output in HEAD_GRAPHS.items()}
 # A variant may lose at most this much task accuracy (points) against fp32 on the eval data.
 MAX_ACCURACY_DROP = 1.0
 SAMPLE_TEXTS = [
@@ -109,15 +112,17 @@ def variant_accuracy(
     source: str,
     reference: str = "fp32",
     case_types: int = 0,
+    heads: tuple[dict[str, Path], dict[str, Path]] = ({}, {}),
 ) -> dict[str, Any]:
     """The variant against its reference graph on real texts: largest logit difference, top-1
-    agreement and, with labels, the accuracy of each."""
+    agreement and, with labels, the accuracy of each. `heads`: the reference's and the
+    variant's head graphs (bundle.json "heads"), run after each."""
     ref_out: dict[str, list] = {}
     var_out: dict[str, list] = {}
     per_batch = []
     for start in range(0, len(texts), 64):
         feeds = sample_feeds(tokenizer, texts[start : start + 64], inputs, max_len, case_types)
-        a, b = onnx_outputs(fp32, feeds), onnx_outputs(variant, feeds)
+        a, b = onnx_outputs(fp32, feeds, heads[0]), onnx_outputs(variant, feeds, heads[1])
         per_batch.append(compare(a, b, feeds))
         for name in a:
             ref_out.setdefault(name, []).append(a[name])
@@ -162,15 +167,27 @@ def torch_parity(
     pooling: dict[str, Any] | None = None,
     sparse: dict[str, Any] | None = None,
     projection: Any = None,
+    heads: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
-    """The torch model and an exported graph on the same sample sentences, compared."""
+    """The torch model and an exported graph (and its `heads`' graphs) on the same sample
+    sentences, compared."""
     feeds = sample_feeds(tokenizer, SAMPLE_TEXTS, inputs, max_len, model.config.case_type_ids)
     graph = TaskGraph(model, tasks, str((pooling or {}).get("mode", "mean")), sparse, projection)
     return compare(
         torch_outputs(graph, feeds, inputs, outputs),
-        onnx_outputs(onnx_path, feeds),
+        onnx_outputs(onnx_path, feeds, heads),
         feeds,
     )
+
+
+def head_graphs(work: Path, stem: str, tasks: list[str]) -> dict[str, Path]:
+    """A bundle of several heads' head graphs beside its model graph `work/stem.onnx`: output
+    name -> file (export.graph.head_file); none for a bundle of one head."""
+    by_output = {HEAD_GRAPHS[t]: t for t in HEAD_GRAPHS if t in tasks}
+    return {
+        output: head_file(work / f"{stem}.onnx", by_output[output])
+        for output in head_outputs(tasks)
+    }
 
 
 def head_labels(config: Any, tasks: list[str]) -> list[str] | None:
@@ -301,6 +318,9 @@ def build_bundle(
         fused = optimise(
             work / "raw.onnx", work / "fp32.onnx", config.num_attention_heads, config.hidden_size
         )
+        heads = head_graphs(work, "fp32", tasks)
+        for output, path in heads.items():  # a head's graph: no transformer fusions to make
+            shutil.move(head_graphs(work, "raw", tasks)[output], path)
         check = torch_parity(
             model,
             tasks,
@@ -312,14 +332,19 @@ def build_bundle(
             pooling,
             sparse,
             projection,
+            heads,
         )
         if check["max_abs_diff"] > TOLERANCE["fp32"]:
             raise ValueError(f"ONNX Runtime differs from torch by {check['max_abs_diff']:.2e}")
         accuracy = None
         final = work / "fp32.onnx"
+        final_heads = heads
         if precision != "fp32":
             final = work / f"{precision}.onnx"
             CONVERT[precision](work / "fp32.onnx", final)
+            final_heads = head_graphs(work, precision, tasks)
+            for output, path in final_heads.items():
+                HEAD_CONVERT[precision](heads[output], path)
             problem: str | None
             if eval_data is None:
                 problem = "not measured: give --eval-data (a TSV of real text)"
@@ -336,6 +361,7 @@ def build_bundle(
                     max_len,
                     str(eval_data),
                     case_types=config.case_type_ids,
+                    heads=(heads, final_heads),
                 )
                 problem = variant_problem(accuracy)
             if problem and not force:
@@ -347,6 +373,11 @@ def build_bundle(
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         shutil.copyfile(final, staging / "model.onnx")
+        head_specs = {}
+        for output, path in final_heads.items():
+            name = head_file(Path("model.onnx"), HEAD_TASK[output]).name
+            shutil.copyfile(path, staging / name)
+            head_specs[output] = {"file": name, "sha256": sha256(staging / name)}
         if final != work / "fp32.onnx":  # the variant's own parity with torch, recorded
             check = torch_parity(
                 model,
@@ -359,6 +390,7 @@ def build_bundle(
                 pooling,
                 sparse,
                 projection,
+                final_heads,
             )
         tokenizer.tokenizer.save(str(staging / "tokenizer.json"))
         if sparse_source is not None and sparse_source.static_weights is not None:
@@ -388,6 +420,7 @@ def build_bundle(
             pooling=pooling,
             sparse=sparse,
             multivector=multivector,
+            heads=head_specs,
             **prompts,
             precision=precision,
             model_sha256=sha256(staging / "model.onnx"),
@@ -460,6 +493,11 @@ def convert_bundle(
         raise ValueError(str(exc)) from exc
     if precision == spec.precision:
         raise ValueError(f"{directory} is already {precision}")
+    if spec.heads:
+        raise ValueError(
+            f"{directory} has head graphs of its own ({', '.join(spec.heads)}): export "
+            f"{precision} from the checkpoint instead"
+        )
     convert = CONVERT.get(precision) if spec.precision == "fp32" else None
     convert = convert or RECONVERT.get((spec.precision, precision))
     if convert is None:
@@ -532,11 +570,29 @@ def verify(directory: Path) -> dict[str, Any]:
             f"{directory / spec.model_file}: ONNX Runtime cannot load it: {exc}"
         ) from exc
     names = [i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()]
-    if names != (spec.inputs, spec.outputs):
+    if names != (spec.inputs, spec.graph_outputs):
         raise ValueError(
             f"{directory / spec.model_file}: graph inputs/outputs {names} differ "
-            f"from bundle.json {(spec.inputs, spec.outputs)}"
+            f"from bundle.json {(spec.inputs, spec.graph_outputs)}"
         )
+    for output, head in spec.heads.items():
+        try:
+            head_session = ort.InferenceSession(
+                str(directory / head.file), providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # ORT raises its own exception types
+            raise ValueError(
+                f"{directory / head.file}: ONNX Runtime cannot load it: {exc}"
+            ) from exc
+        head_names = (
+            [i.name for i in head_session.get_inputs()],
+            [o.name for o in head_session.get_outputs()],
+        )
+        if head_names != ([head.input, "attention_mask"], [output]):
+            raise ValueError(
+                f"{directory / head.file}: head inputs/outputs {head_names} differ from "
+                f"bundle.json {([head.input, 'attention_mask'], [output])}"
+            )
     tok = Tokenizer.from_file(str(directory / spec.tokenizer.file))
     mask = tok.token_to_id(spec.tokenizer.mask_token)
     if mask != spec.tokenizer.mask_id:
@@ -580,6 +636,7 @@ def verify(directory: Path) -> dict[str, Any]:
         spec.pooling.model_dump() if spec.pooling else None,
         spec.sparse.model_dump() if spec.sparse else None,
         colbert.projection if colbert is not None else None,
+        {output: directory / head.file for output, head in spec.heads.items()},
     )
     gate = MIN_AGREEMENT[spec.precision]
     result["agreement_p_value"] = agreement_p_value(

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from bertserve.model.heads import BertPreTrainedModel, gather_positions, splade_pool
 from bertserve.runtime.bundle import BASE_INPUTS, MASK_POSITIONS, SEGMENTS
-from bertserve.runtime.capabilities import CAPABILITIES, graph_tasks
+from bertserve.runtime.capabilities import CAPABILITIES, HEAD_GRAPHS, graph_tasks, head_outputs
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,8 @@ def resolve_tasks(
     tasks = list(dict.fromkeys(requested))
     if "multivector" in tasks:
         return multivector_tasks(tasks)
+    if "embed" in tasks and set(tasks) & set(HEAD_GRAPHS):
+        return head_tasks(tasks, checkpoint_keys)
     for task in tasks:
         missing = [k for k in HEAD_KEYS[task] if k not in checkpoint_keys]
         if missing:
@@ -172,6 +174,22 @@ def multivector_tasks(tasks: list[str]) -> list[str]:
     return [t for t in TASKS if t in ("multivector", "rerank")]
 
 
+def head_tasks(tasks: list[str], checkpoint_keys: set[str]) -> list[str]:
+    """A bundle of several heads over one encoder: dense vectors ("embed") and the heads of
+    HEAD_GRAPHS, each exported as a graph of its own over the encoder's token states."""
+    allowed = {"embed", *HEAD_GRAPHS}
+    if set(tasks) - allowed:
+        raise ExportError(
+            f"tasks {tasks}: a bundle of several heads over one encoder carries "
+            f"{', '.join(sorted(allowed))}; export other heads as bundles of their own"
+        )
+    for task in tasks:
+        missing = [k for k in HEAD_KEYS[task] if k not in checkpoint_keys]
+        if missing:
+            raise ExportError(f"the checkpoint has no {task} head (no {missing[0]})")
+    return [t for t in TASKS if t in tasks]
+
+
 # The two heads of a BERT pre-training checkpoint: one graph serves fill-mask and NSP.
 PRETRAINING = {"BertForMaskedLM", "BertForPreTraining"}
 
@@ -180,6 +198,8 @@ def task_architecture(tasks: list[str]) -> str:
     """The head class a bundle of `tasks` loads: NSP needs BERT's pre-training heads."""
     if "multivector" in tasks:
         return CAPABILITIES["multivector"].architecture
+    if head_outputs(tasks):  # the encoder and the heads' weights (an MLM head for SPLADE)
+        return CAPABILITIES[next(t for t in tasks if t in HEAD_GRAPHS)].architecture
     return "BertForPreTraining" if "nsp" in tasks else CAPABILITIES[tasks[0]].architecture
 
 
@@ -217,6 +237,11 @@ def own_tasks(requested: list[str], architecture: str | None) -> list[str]:
         raise ExportError(f"unknown task {unknown[0]!r}; tasks are {', '.join(TASKS)}")
     if "multivector" in requested:  # any checkpoint's encoder, projected
         return multivector_tasks(requested)
+    if head_outputs(requested):
+        raise ExportError(
+            f"tasks {requested}: several heads over one encoder are exported for the families "
+            f"of model/bert.py; a {architecture} exports one head a bundle"
+        )
     suffix = next((s for s in OWN_HEADS if architecture and architecture.endswith(s)), "Model")
     served = OWN_HEADS[suffix]
     if all(t == "embed" for t in requested):
@@ -262,6 +287,12 @@ class TaskGraph(nn.Module):
         arch = m.architecture
         if arch.startswith(OWN_ENCODERS):
             return self.own(m, input_ids, attention_mask, token_type_ids, mask_positions)
+        if "embed" in self.tasks and arch != "BertModel":  # the encoder of a head's model
+            sequence, _ = m.bert(input_ids, attention_mask, token_type_ids)  # (B, S, H)
+            pooled = self.pooled(sequence, attention_mask)
+            if "sparse" in self.tasks:  # the whole bundle of heads, for parity
+                return (*pooled, self.splade(m.cls.predictions(sequence), attention_mask))
+            return pooled
         if "multivector" in self.tasks:  # every position, projected and normalised
             sequence, _ = m.bert(input_ids, attention_mask, token_type_ids)
             return (self.vectors(sequence),)
@@ -327,6 +358,48 @@ class TaskGraph(nn.Module):
         return summed / weights.sum(1).clamp(min=1e-9), sequence
 
 
+class HeadGraph(nn.Module):
+    """A head of a bundle of several (HEAD_GRAPHS) over the encoder's token states:
+    (token_embeddings, attention_mask) in, the head's output out."""
+
+    def __init__(self, graph: TaskGraph, task: str) -> None:
+        super().__init__()
+        self.graph, self.task = graph, task
+
+    def forward(self, states: Tensor, attention_mask: Tensor) -> Tensor:
+        m: Any = self.graph.model
+        assert self.task == "sparse", "the sparse head is the one head graph"
+        return self.graph.splade(m.cls.predictions(states), attention_mask)
+
+
+def export_head(graph: TaskGraph, task: str, path: Path) -> None:
+    """A head's graph of its own (bundle.json "heads"), traced over float token states."""
+    hidden = graph.model.config.hidden_size
+    states = torch.randn(2, 8, hidden)
+    mask = torch.ones((2, 8), dtype=torch.long)
+    mask[-1, 4:] = 0
+    output = HEAD_GRAPHS[task]
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        torch.onnx.export(
+            HeadGraph(graph, task),
+            (states, mask),
+            str(path),
+            input_names=["token_embeddings", "attention_mask"],
+            output_names=[output],
+            dynamic_axes={
+                "token_embeddings": {0: "batch", 1: "sequence"},
+                "attention_mask": {0: "batch", 1: "sequence"},
+                output: DYNAMIC_AXES[CAPABILITIES[task].outputs[output]],
+            },
+            opset_version=OPSET,
+            # the tied decoder's transpose folded into its weight: a MatMul on a constant, which
+            # the int8 quantiser (export.variants.to_int8) then quantises
+            do_constant_folding=True,
+            dynamo=False,
+        )
+
+
 def example_inputs(
     tasks: list[str], segments: bool = True, batch: int = 2, seq: int = 8
 ) -> tuple[Tensor, ...]:
@@ -350,12 +423,16 @@ def export_onnx(
     """Trace with the TorchScript exporter: its graph is the one ONNX Runtime's BERT fusions
     recognise (Attention, SkipLayerNormalization, BiasGelu)."""
     segments = model.config.family.segments
+    heads = [t for t in tasks if t in HEAD_GRAPHS] if head_outputs(tasks) else []
+    tasks = [t for t in tasks if t not in heads]  # the model graph; the heads' are apart
     inputs, outputs = graph_io(tasks, segments)
     axes = {name: {0: "batch", 1: "sequence"} for name in BASE_INPUTS if name in inputs}
     if MASK_POSITIONS in inputs:
         axes[MASK_POSITIONS] = {0: "batch", 1: "predictions"}
     axes |= {name: DYNAMIC_AXES[kind] for name, kind in output_axes(tasks).items()}
     graph = TaskGraph(model, tasks, pooling, sparse, projection)
+    for task in heads:
+        export_head(TaskGraph(model, [*tasks, task], pooling, sparse), task, head_file(path, task))
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
         torch.onnx.export(
@@ -369,6 +446,11 @@ def export_onnx(
             do_constant_folding=False,
             dynamo=False,
         )
+
+
+def head_file(path: Path, task: str) -> Path:
+    """Where the graph of a head of a bundle of several sits beside its model graph `path`."""
+    return path.with_name(f"{path.stem}.{task}-head{path.suffix}")
 
 
 FUSED_OPS = (

@@ -142,7 +142,12 @@ def sample_feeds(
     return {name: value for name, value in feeds.items() if name in inputs}
 
 
-def onnx_outputs(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def onnx_outputs(
+    path: Path, feeds: dict[str, np.ndarray], heads: dict[str, Path] | None = None
+) -> dict[str, np.ndarray]:
+    """A graph's outputs on `feeds`; with `heads` (output name -> a head's graph over the
+    model graph's token states, bundle.json "heads"), theirs after it, as runtime.engine runs
+    them."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -151,7 +156,13 @@ def onnx_outputs(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarr
     names = [o.name for o in session.get_outputs()]
     # Copied: an output array returned by run() is a view whose base keeps the session's memory
     # arena alive; kept across batches (variant_accuracy) a sparse head's arenas add up to GiBs.
-    return {n: np.array(v) for n, v in zip(names, session.run(names, feeds), strict=True)}
+    out = {n: np.array(v) for n, v in zip(names, session.run(names, feeds), strict=True)}
+    for name, head_path in (heads or {}).items():
+        head = ort.InferenceSession(str(head_path), options, providers=["CPUExecutionProvider"])
+        source = head.get_inputs()[0].name
+        value = head.run([name], {source: out[source], "attention_mask": feeds["attention_mask"]})
+        out[name] = np.array(value[0])
+    return out
 
 
 @torch.no_grad()

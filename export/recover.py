@@ -226,6 +226,11 @@ def checkpoint_from_bundle(directory: Path, out: Path) -> dict[str, Any]:
         raise RecoverError(
             f"{directory}: a {spec.architecture.model_type} graph; only BERT graphs read back"
         )
+    if spec.heads:
+        raise RecoverError(
+            f"{directory}: its heads ({', '.join(spec.heads)}) are graphs of their own; read "
+            "back a bundle of one graph"
+        )
     if spec.precision not in RECOVERABLE:
         raise RecoverError(
             f"{directory} is {spec.precision}: its weights read back from {', '.join(RECOVERABLE)}"

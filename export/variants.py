@@ -415,3 +415,13 @@ RECONVERT = {
     ("int8", "int8-nf4-embeddings"): nf4_embeddings,
     ("int8", "int8-int4-embeddings"): int4_embeddings,
 }
+# precision -> the conversion of an fp32 head graph (bundle.json "heads": no word-embedding
+# Gather of its own; a sparse head's tied decoder is stored as the precision stores weights)
+HEAD_CONVERT: dict[str, Convert] = {
+    precision: to_fp16
+    if precision == "fp16"
+    else to_int8
+    if precision.startswith("int8")
+    else to_fp16_weights
+    for precision in CONVERT
+}

@@ -500,8 +500,11 @@ class Batcher:
             self._running = batch
             if alone:
                 self._lone_calls.inc()
-            inline = alone and lone and self.lone_cost.inline(feeds)
             extra = tuple(sorted({name for item in batch for name in item.row.wants}))
+            # A call with on-demand outputs (a head graph's: a vocabulary-wide product at every
+            # position; the token states) goes to the model's thread: the token rate measured
+            # is that of calls without them.
+            inline = alone and lone and not extra and self.lone_cost.inline(feeds)
             try:
                 if inline:  # on this thread: no hand-off to the model's thread and back
                     outputs, call_s = self._run(feeds, alone, extra)
@@ -536,7 +539,9 @@ class Batcher:
                     )
                 )
             now = time.monotonic()
-            if alone and lone:  # on more threads than a loaded server has: not its rate under
+            if (
+                alone and lone and not extra
+            ):  # on more threads than a loaded server has: not its rate under
                 # load. A client batch's calls alone are measured: the bulk lane's time bound
                 # (refusal) needs a rate, and they may be all the model runs.
                 self.lone_cost.observe(feeds, call_s)

@@ -140,6 +140,17 @@ class MultiVectorSpec(_Strict):
     skip_ids: list[int] = []
 
 
+class HeadSpec(_Strict):
+    """A head in a graph of its own over the encoder's token states (a bundle of several
+    heads: runtime.engine runs it only for the calls that ask for its output). Its graph takes
+    the model graph's `input` ((batch, sequence, hidden) floats) and `attention_mask`, and
+    answers the one output it is named by in bundle.json's `heads`."""
+
+    file: str = Field(min_length=1)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # the service refuses any other file
+    input: str = "token_embeddings"
+
+
 class BundleSpec(_Strict):
     format_version: Literal[2]
     name: str = Field(min_length=1)
@@ -155,6 +166,9 @@ class BundleSpec(_Strict):
     pooling: PoolingSpec | None = None  # embeddings only
     sparse: SparseSpec | None = None  # sparse embeddings only
     multivector: MultiVectorSpec | None = None  # multi-vector (ColBERT) embeddings only
+    # Outputs computed by graphs of their own over the model graph's token states (a bundle of
+    # dense and sparse heads over one encoder), by output name; `outputs` names them last.
+    heads: dict[str, HeadSpec] = {}
     # Embeddings: named texts put before an input (sentence-transformers' prompts, e.g. E5's
     # "query: " and "passage: "), chosen by a request's prompt_name; the default one, if any,
     # applies when a request names none.
@@ -210,6 +224,14 @@ class BundleSpec(_Strict):
             raise ValueError(
                 f"max_seq_len {self.max_seq_len} is below the multivector query or document length"
             )
+        for name, head in self.heads.items():
+            if name not in self.outputs or head.input not in self.graph_outputs:
+                raise ValueError(
+                    f"heads: {name} reads {head.input}: both should be in outputs, the head's "
+                    f"after the model graph's ({self.outputs})"
+                )
+        if self.outputs[len(self.graph_outputs) :] != list(self.heads):
+            raise ValueError(f"outputs {self.outputs}: the heads' {list(self.heads)} come last")
         if self.tokenizer.case_type_ids and SEGMENTS not in self.inputs:
             raise ValueError("tokenizer.case_type_ids needs the token_type_ids input")
         if self.tokenizer.case_type_ids and self.tasks != ["ner"]:
@@ -218,6 +240,22 @@ class BundleSpec(_Strict):
                 f"ner, not {self.tasks}"
             )
         return self
+
+    @property
+    def graph_outputs(self) -> list[str]:
+        """The outputs of `model_file` itself (the others are `heads`')."""
+        return [name for name in self.outputs if name not in self.heads]
+
+    @property
+    def files(self) -> list[str]:
+        """The graph files: the model's, then each head's."""
+        return [self.model_file, *(head.file for head in self.heads.values())]
+
+    @property
+    def graphs_sha256(self) -> str:
+        """The graph files' sha256, the model's then each head's (one string: what a worker
+        and the engine process compare)."""
+        return ":".join([self.model_sha256, *(head.sha256 for head in self.heads.values())])
 
 
 def bundle_dirs(root: str | Path) -> list[Path]:
@@ -251,7 +289,7 @@ def load_bundle_spec(directory: str | Path) -> BundleSpec:
         raise BundleError(f"{path}: {where}: {first['msg']}") from exc
     root = directory.resolve()
     static = spec.sparse.static_file if spec.sparse is not None else None
-    for name in (spec.model_file, spec.tokenizer.file, *([static] if static else [])):
+    for name in (*spec.files, spec.tokenizer.file, *([static] if static else [])):
         path = directory / name
         # Files a bundle names stay inside it: no absolute paths, no "..", no symlink out.
         if (
@@ -291,17 +329,19 @@ def load_static_weights(directory: str | Path, spec: BundleSpec) -> Any:
 
 
 def check_model_file(directory: str | Path, spec: BundleSpec) -> None:
-    """The model file is the one the exporter wrote (its sha256 is in bundle.json)."""
+    """The graph files are the ones the exporter wrote (their sha256 are in bundle.json)."""
     import hashlib
 
-    path = Path(directory) / spec.model_file
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    if digest.hexdigest() != spec.model_sha256:
-        raise BundleError(
-            f"{path}: sha256 {digest.hexdigest()[:12]}... is not the {spec.model_sha256[:12]}... "
-            f"that {BUNDLE_FILE} records: the file was changed or replaced (or a copy of the "
-            "bundle is not complete yet); re-export it, or finish the copy"
-        )
+    expected = [spec.model_sha256, *(head.sha256 for head in spec.heads.values())]
+    for name, recorded in zip(spec.files, expected, strict=True):
+        path = Path(directory) / name
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        if digest.hexdigest() != recorded:
+            raise BundleError(
+                f"{path}: sha256 {digest.hexdigest()[:12]}... is not the {recorded[:12]}... "
+                f"that {BUNDLE_FILE} records: the file was changed or replaced (or a copy of "
+                "the bundle is not complete yet); re-export it, or finish the copy"
+            )

@@ -124,6 +124,21 @@ def graph_tasks(tasks: list[str]) -> list[str]:
     return [t for t in tasks if not (t == "rerank" and "multivector" in tasks)]
 
 
+# Heads a bundle may carry over one encoder beside its dense vectors ("embed"), each in a graph
+# of its own over the encoder's token states (bundle.json "heads"), run only for a call that
+# asks for its output: the capability -> that output. A request may ask for several at once
+# (POST /encode: runtime/tasks/encode.py); the encoder runs once for them all.
+HEAD_GRAPHS = {"sparse": "sparse_embeddings"}
+
+
+def head_outputs(tasks: list[str]) -> list[str]:
+    """The outputs of a bundle of `tasks` computed by head graphs of their own: a dense
+    bundle's further heads; none for a bundle of one head."""
+    if "embed" not in tasks:
+        return []
+    return [output for task, output in HEAD_GRAPHS.items() if task in tasks]
+
+
 # Outputs a model call computes only for a batch holding a row that asks for them
 # (`runtime.batching.Row.wants`): a batch's token states are rows x length x hidden floats, which
 # every other call of the graph would copy out for nothing.

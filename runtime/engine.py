@@ -125,17 +125,33 @@ def preload_cuda_libraries() -> None:
 # 32 x 48 MiniLM call (scripted, alternated), and such calls grow the arena little; the growth
 # that stays is a long sequence's attention scores (rows x heads x length^2).
 SHRINK_AFTER = 4
+# A sparse head's MLM logits are a float a vocabulary entry a position (a 30,522-piece
+# vocabulary: 122 kB a token, 1 GB for a call of the default 8,192 tokens), several copies of
+# it live at once, and the sparse head runs without the CPU arena, so each call allocates them
+# afresh. On a CPU a call is held to this much of one copy: 549 tokens for MiniLM (two rows of
+# 256), which run 1.22x the tokens a second of 8,192-token calls and take 131 MiB a call, not
+# 2,016 (`bertserve bench sparse`, docs/reports/sparse.md): a sparse bundle's batches
+# (service.models.call_tokens), a sparse head's calls in a bundle of several heads (`_head`).
+# A call holds at least one row of the model's length: a larger vocabulary (XLM-R's 250,002
+# pieces) gets max_seq_len tokens a call.
+VOCAB_CALL_BYTES = 64 * 2**20
+
+
+def vocab_call_tokens(spec: BundleSpec) -> int:
+    """The padded tokens a CPU call of a vocabulary-wide head may hold (VOCAB_CALL_BYTES)."""
+    return max(spec.max_seq_len, VOCAB_CALL_BYTES // (4 * spec.tokenizer.vocab_size))
 
 
 class Engine:
     def __init__(self, directory: Path, spec: BundleSpec, options: EngineOptions) -> None:
         import onnxruntime as ort
 
-        if spec.sparse is not None:
+        if spec.sparse is not None and "sparse_embeddings" not in spec.heads:
             # A sparse head's (rows x length x vocabulary) logits would stay in the CPU arena
             # after the warm-up: 850 MiB more a worker for MiniLM at rest, past the memory the
             # deployment is sized for (docs/deploy.md#memory). Without the arena they are given
-            # back after each call, for calls 19-31% slower (docs/deploy.md#memory).
+            # back after each call, for calls 19-31% slower (docs/deploy.md#memory). A head in
+            # a graph of its own runs so alone (`_head_options`): its encoder keeps the arena.
             options = replace(options, cpu_arena="no-arena")
         available = ort.get_available_providers()
         requested = options.provider_list(available)
@@ -198,12 +214,42 @@ class Engine:
                 raise EngineError(f"{path}: ONNX Runtime cannot load it: {lone}") from lone
             self.lone_session = lone
         self.outputs = [o.name for o in self.session.get_outputs()]
-        self.served = [o for o in self.outputs if o not in ON_DEMAND]  # what a call returns
         self.inputs = [i.name for i in self.session.get_inputs()]
-        if self.inputs != spec.inputs or self.outputs != spec.outputs:
+        if self.inputs != spec.inputs or self.outputs != spec.graph_outputs:
             raise EngineError(
                 f"{path}: graph inputs/outputs {self.inputs}/{self.outputs} differ from bundle.json"
             )
+        self.served = [o for o in self.outputs if o not in ON_DEMAND]  # what a call returns
+        # Heads in graphs of their own (bundle.json "heads"): run on the model graph's token
+        # states only for a call that asks for their outputs (`extra`), each (with its lone
+        # twin) a session of its own.
+        self.heads: dict[str, tuple[str, Any, Any]] = {}
+        self.head_tokens: dict[str, int] = {}
+        for name, head in spec.heads.items():
+            head_path = directory / head.file
+            sessions: list[Any] = []
+            for lone, threads in ((False, options.threads), (True, options.lone_threads)):
+                if lone and self.lone_session is None:  # none for the model graph: none here
+                    sessions.append(None)
+                    continue
+                head_options = self._head_options(name, options)
+                made, messages = self._session(ort, head_path, providers, head_options, threads)
+                if isinstance(made, Exception):
+                    raise EngineError(f"{head_path}: ONNX Runtime cannot load it: {made}") from made
+                sessions.append(made)
+            names = (
+                [i.name for i in sessions[0].get_inputs()],
+                [o.name for o in sessions[0].get_outputs()],
+            )
+            if names != ([head.input, "attention_mask"], [name]):
+                raise EngineError(
+                    f"{head_path}: head inputs/outputs {names} differ from bundle.json "
+                    f"({[head.input, 'attention_mask']}, {[name]})"
+                )
+            self.heads[name] = (head.input, sessions[0], sessions[1])
+            if name == "sparse_embeddings" and self.provider == CPU:
+                self.head_tokens[name] = vocab_call_tokens(spec)
+        self.outputs = self.outputs + list(self.heads)
 
         # A family without segments (RoBERTa's) has no token_type_ids input; the batcher's
         # feeds carry it for every graph, and it is left out here.
@@ -216,6 +262,14 @@ class Engine:
             self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         else:
             self._shrink = None
+
+    @staticmethod
+    def _head_options(name: str, options: EngineOptions) -> EngineOptions:
+        """A vocabulary-wide head (SPLADE's MLM logits at every position) runs without the CPU
+        arena, as a sparse bundle's whole graph does; other heads as the model graph."""
+        if name == "sparse_embeddings":
+            return replace(options, cpu_arena="no-arena")
+        return options
 
     @staticmethod
     def _session(
@@ -272,7 +326,32 @@ class Engine:
         names = self.served
         if extra:
             names = names + [n for n in self.outputs if n in extra and n not in names]
-        return dict(zip(names, session.run(names, feeds, options), strict=True))
+        heads = [n for n in names if n in self.heads]
+        fetch = [n for n in names if n not in self.heads]
+        needed = [self.heads[n][0] for n in heads if self.heads[n][0] not in fetch]
+        fetch += list(dict.fromkeys(needed))
+        out = dict(zip(fetch, session.run(fetch, feeds, options), strict=True))
+        for name in heads:
+            out[name] = self._head(name, out[self.heads[name][0]], feeds["attention_mask"], alone)
+        return {name: out[name] for name in names}
+
+    def _head(self, name: str, states: np.ndarray, mask: np.ndarray, alone: bool) -> np.ndarray:
+        """A head's output for a call: over its token states, in calls of at most
+        `head_tokens` padded tokens where its per-position output is vocabulary-wide (the
+        encoder's call stays whole; only the head's buffer is bounded)."""
+        source, shared, lone = self.heads[name]
+        session = lone if alone and lone is not None else shared
+        rows, length = mask.shape
+        step = rows
+        if name in self.head_tokens:
+            step = max(1, self.head_tokens[name] // max(1, length))
+        parts = [
+            session.run(
+                [name], {source: states[i : i + step], "attention_mask": mask[i : i + step]}
+            )[0]
+            for i in range(0, rows, step)
+        ]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def warmup_feeds(

@@ -26,6 +26,7 @@ from bertserve.runtime.tasks.common import ROUTE, checkpoint, deadline_check, un
 from bertserve.service.http.asgi import Gone
 from bertserve.service.http.errors import (
     InvalidInput,
+    NotFound,
     NotLoaded,
     Overloaded,
     RequestError,
@@ -173,10 +174,10 @@ async def _run(call: Call, off_loop: bool) -> Any:
     nice = settings.bulk_nice if bulk else None
     if off_loop:
         call.rows, call.prepared = await off_the_loop(
-            nice, task.prepare, model.ctx, call.items, call.request
+            nice, task.plan, model.ctx, call.items, call.request
         )
     else:
-        call.rows, call.prepared = task.prepare(model.ctx, call.items, call.request)
+        call.rows, call.prepared = task.plan(model.ctx, call.items, call.request)
     t1 = time.perf_counter()
     checkpoint()
     rows = call.rows
@@ -262,7 +263,23 @@ def pick_model(state: ServiceState, task: Task, request: Any, query_name: str | 
     if name is not None and query_name is None and task.lenient_model_name:
         model = state.models.get(name)  # no per-request rebuild of the task -> models table
         name = name if model is not None and task.capability in model.spec.tasks else None
-    return state.model_for(task.capability, name)
+    needs = task.needs(request)
+    if not needs:
+        return state.model_for(task.capability, name)
+    # A request for several heads of one bundle: a model with them all (the default of the
+    # task's capability if it has them, else the first by name that does).
+    model = state.model_for(task.capability, name)  # readiness, the name, the capability
+    wanted = (task.capability, *needs)
+    if set(wanted) <= set(model.spec.tasks):
+        return model
+    serving = sorted(m.name for m in state.models.values() if set(wanted) <= set(m.spec.tasks))
+    if name is None and serving:
+        return state.models[serving[0]]
+    held = f"model {name!r} serves {', '.join(model.spec.tasks)}; " if name is not None else ""
+    raise NotFound(
+        f"{held}{' and '.join(wanted)} from one encoder: models for them: {serving} "
+        f"(bertserve export --task {','.join(wanted)} makes one)"
+    )
 
 
 async def submit(

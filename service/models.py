@@ -22,7 +22,7 @@ from bertserve.runtime.bundle import (
     load_bundle_spec,
 )
 from bertserve.runtime.capabilities import graph_tasks
-from bertserve.runtime.engine import Engine
+from bertserve.runtime.engine import Engine, vocab_call_tokens
 from bertserve.runtime.tasks import READS
 from bertserve.runtime.tasks.common import TaskContext
 from bertserve.service.metrics import Metrics
@@ -134,22 +134,18 @@ def load_model(
     return model
 
 
-# A sparse head's MLM logits are a float a vocabulary entry a position (a 30,522-piece
-# vocabulary: 122 kB a token, 1 GB for a call of the default 8,192 tokens), several copies of
-# it live at once, and the sparse model runs without the CPU arena (runtime.engine), so each
-# call allocates them afresh. On a CPU a call is held to this much of one copy: 549 tokens
-# for MiniLM (two rows of 256), which run 1.22x the tokens a second of 8,192-token calls and
-# take 131 MiB a call, not 2,016 (`bertserve bench sparse`, docs/reports/sparse.md).
-VOCAB_CALL_BYTES = 64 * 2**20
-
-
 def call_tokens(spec: BundleSpec, provider: str) -> int | None:
     """The padded tokens a call of this model may hold, where less than max_batch_tokens: a
-    graph with a vocabulary-wide head on a CPU; None elsewhere (a GPU's memory is its own)."""
-    if spec.sparse is None or provider != "CPUExecutionProvider":
+    graph with a vocabulary-wide head on a CPU (runtime.engine.VOCAB_CALL_BYTES); None
+    elsewhere (a GPU's memory is its own), and for a head in a graph of its own, whose calls the
+    engine bounds while the encoder's stay whole."""
+    if (
+        spec.sparse is None
+        or "sparse_embeddings" in spec.heads
+        or provider != "CPUExecutionProvider"
+    ):
         return None
-    per_token = 4 * spec.tokenizer.vocab_size
-    return max(spec.max_seq_len, VOCAB_CALL_BYTES // per_token)
+    return vocab_call_tokens(spec)
 
 
 def model_info(metrics: Metrics, spec: BundleSpec, provider: str) -> Any:
@@ -163,7 +159,7 @@ def model_info(metrics: Metrics, spec: BundleSpec, provider: str) -> Any:
 def floor_mb(directory: Path, spec: BundleSpec, measured: float) -> float:
     """A model's memory: what its load was measured to add, at least its model file's size
     (a measurement taken while other threads free memory can come out low)."""
-    return max(measured, (directory / spec.model_file).stat().st_size / 2**20)
+    return max(measured, sum((directory / name).stat().st_size for name in spec.files) / 2**20)
 
 
 def load_models(

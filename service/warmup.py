@@ -26,9 +26,14 @@ def warm_up(models: Iterable[Model], settings: Settings) -> None:
         first = model.engine.run(shapes[0])
         for feeds in shapes[1:]:
             model.engine.run(feeds)
+        heads = tuple(model.spec.heads)  # head graphs run only when asked: warm them too
+        for feeds in shapes if heads else ():
+            model.engine.run(feeds, extra=heads)
         if isinstance(model.engine, Engine) and model.engine.runs_alone:
             for feeds in (shapes[0], shapes[-1]):  # the lone session's: one row, any length
                 model.engine.run(feeds, alone=True)
+                if heads:
+                    model.engine.run(feeds, alone=True, extra=heads)
                 # Timed once warm: whether a lone call of this size may run on the event loop.
                 call = time.perf_counter()
                 model.engine.run(feeds, alone=True)

@@ -76,7 +76,7 @@ class BundleRunner:
 
 def run_task(runner: BundleRunner, task: Task, items: list[Any], request: Any) -> list[Any]:
     """One request's worth of items through the task's own prepare and finish."""
-    rows, prepared = task.prepare(runner.ctx, items, request)
+    rows, prepared = task.plan(runner.ctx, items, request)
     return task.finish(runner.ctx, prepared, runner.run(rows, task.capability), request)
 
 
@@ -163,7 +163,7 @@ def evaluate_qa(runner: BundleRunner, data_dir: Path) -> dict[str, Any]:
     for example in examples:
         item = qa.QaInput(question=example.question, context=example.context)
         try:
-            item_rows, prepared = qa.TASK.prepare(runner.ctx, [item], request)
+            item_rows, prepared = qa.TASK.plan(runner.ctx, [item], request)
         except RequestError:
             kept.append(None)
             continue

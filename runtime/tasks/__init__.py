@@ -10,6 +10,7 @@ from __future__ import annotations
 from bertserve.runtime.tasks import (
     classify,
     embed,
+    encode,
     fill_mask,
     multivector,
     ner,
@@ -39,6 +40,7 @@ TASKS: dict[str, Task] = {
         sparse.EMBED_SPARSE,
         tokens.EMBED_ALL,
         multivector.MULTI_VECTOR,
+        encode.ENCODE,
     )
 }
 # The capabilities (bundle.json "tasks", runtime/capabilities.py) some endpoint serves,

@@ -125,6 +125,26 @@ class Task:
         """Rows for the model, and what `finish` needs besides their outputs."""
         raise NotImplementedError
 
+    def needs(self, request: Any) -> tuple[str, ...]:
+        """Capabilities this request needs of its model besides `capability` (a request for
+        several heads of one bundle: runtime/tasks/encode.py)."""
+        return ()
+
+    def wanted(self, request: Any) -> tuple[str, ...]:
+        """The outputs this request reads (`reads`, unless what it asks for decides)."""
+        return self.reads
+
+    def plan(self, ctx: TaskContext, items: list[Any], request: Any) -> tuple[list[Row], Any]:
+        """`prepare`, with each row asking for the outputs the request reads that the bundle
+        computes in head graphs of their own (bundle.json "heads": run only for the calls
+        that ask). What the handler and evaluation call."""
+        rows, prepared = self.prepare(ctx, items, request)
+        heads = tuple(name for name in self.wanted(request) if name in ctx.spec.heads)
+        if heads:
+            for row in rows:
+                row.wants = tuple(sorted({*row.wants, *heads}))
+        return rows, prepared
+
     def finish(
         self, ctx: TaskContext, prepared: Any, results: list[RowResult], request: Any
     ) -> list[Any]:

@@ -42,7 +42,7 @@ class RemoteBackend:
                 conn = Client(self.address, family="AF_UNIX")
                 try:
                     conn.send_bytes(
-                        pack("hello", model=self.spec.name, sha256=self.spec.model_sha256)
+                        pack("hello", model=self.spec.name, sha256=self.spec.graphs_sha256)
                     )
                     answer, _ = unpack(conn.recv_bytes())
                 except BaseException:

@@ -208,8 +208,11 @@ class EngineServer:
             check_model_file(directory, spec)
             engine = Engine(directory, spec, options)
             if settings.warmup:  # before the supervisor hears "ready", also after a restart
+                heads = tuple(spec.heads)  # head graphs run only when asked: warm them too
                 for feeds in warmup_feeds(spec, settings.max_batch_rows, settings.max_batch_tokens):
                     engine.run(feeds)
+                    if heads:
+                        engine.run(feeds, extra=heads)
             engine.warmed()
 
             def observe(n: int, r: int, name: str = spec.name) -> None:
@@ -271,8 +274,8 @@ class EngineServer:
         if runner is None:
             conn.send_bytes(pack("error", message=f"the engine process has no model {name!r}"))
             return None
-        if runner.spec.model_sha256 != sha256:
-            message = f"{name}: the engine process loaded another model.onnx"
+        if runner.spec.graphs_sha256 != sha256:
+            message = f"{name}: the engine process loaded other graph files ({runner.spec.files})"
             conn.send_bytes(pack("error", message=message))
             return None
         engine = runner.engine
