@@ -73,6 +73,9 @@ MODES: dict[str, Mode] = {
     "multivector": Mode(
         "bench.experiments.retrieval.multivector", "/v1/multi-vector against /embed, same encoder"
     ),
+    "heads": Mode(
+        "bench.experiments.retrieval.heads", "/encode (dense + sparse) against the two calls"
+    ),
     "topology": Mode("bench.experiments.topology", "workers vs one engine process, A/B"),
 }
 
