@@ -46,6 +46,12 @@ COMMANDS: dict[str, Command] = {
         "read a bundle's graph back into a checkpoint to train on",
         "train",
     ),
+    "calibrate": Command(
+        "bertserve.export.__main__",
+        ("calibrate",),
+        "an embedding bundle's int8 ranges, from real text",
+        "train",
+    ),
     "pretrain": Command(
         "bertserve.model.training.__main__", ("pretrain",), "MLM + NSP pre-training", "train"
     ),

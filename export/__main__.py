@@ -50,6 +50,10 @@ CONVERT_EXAMPLES = """examples:
   {prog} bundles/sst2-distilled-2x192 --precision int8-int4-embeddings \\
       --eval-data DATA/sst2/dev.tsv     # from int8
 """
+CALIBRATE_EXAMPLES = """examples:
+  {prog} bundles/minilm-embed --data DATA/squad-v1.1   # 2,000 questions, 2,000 paragraphs
+  {prog} bundles/NAME --data texts.txt --texts 1000     # any text, one a line
+"""
 CHECKPOINT_EXAMPLES = """examples:
   {prog} bundles/minilm-wiki-mlm --out runs/minilm-wiki-mlm-recovered
       # the shipped fill-mask model as a checkpoint, to continue its training from
@@ -148,6 +152,32 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.export"
             else:
                 report = checkpoint_from_bundle(args.source, args.out)
             print(json.dumps(report, indent=2))  # noqa: T201
+            return 0
+        if argv[:1] == ["calibrate"]:
+            from bertserve.export.calibrate import calibrate_bundle
+
+            parser = argparse.ArgumentParser(
+                prog=f"{prog} calibrate",
+                description="Write an embedding bundle's int8 / uint8 ranges (each component's "
+                "minimum and maximum over the unit vectors of real texts, for each width a "
+                "request may keep) beside its graph, as bundle.json's `quantization`.",
+                epilog=CALIBRATE_EXAMPLES.format(prog=f"{prog} calibrate"),
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+            )
+            parser.add_argument("bundle", type=Path)
+            parser.add_argument(
+                "--data",
+                required=True,
+                type=Path,
+                help="a SQuAD directory or .json (questions and paragraphs), a .tsv (its "
+                "first column), or a text file (a text a line)",
+            )
+            parser.add_argument("--texts", type=int, default=4000, help="how many (at least 100)")
+            args = parser.parse_args(argv[1:])
+            done = calibrate_bundle(
+                args.bundle, args.data, args.texts, "bertserve " + shlex.join(argv)
+            )
+            print(f"calibrated {args.bundle}: {done.texts} texts, widths {done.widths}")  # noqa: T201
             return 0
         if argv[:1] == ["convert"]:
             parser = argparse.ArgumentParser(

@@ -485,7 +485,8 @@ def convert_bundle(
     """Rewrite a bundle's graph at another precision without its checkpoint: from fp32 to any,
     or along `RECONVERT` (int8 -> int8-nf4-embeddings and the like). The new graph is
     measured against the old one on `eval_data` and refused, as at export, when it disagrees;
-    the bundle's task metrics are dropped (they were of the old graph: evaluate it again)."""
+    the bundle's task metrics and int8 calibration are dropped (they were of the old graph:
+    evaluate and calibrate it again)."""
     spec = load_bundle_spec(directory)
     try:
         check_model_file(directory, spec)
@@ -537,6 +538,7 @@ def convert_bundle(
                 "export_parity": (spec.export_parity or {})
                 | {"graph": f"the {spec.precision} graph this one was converted from"},
                 "metrics": {},
+                "quantization": None,  # int8 ranges of the old graph: calibrate it again
                 "created_by": f"{spec.created_by}; then "
                 + (command or f"bertserve convert {directory} --precision {precision}"),
                 "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -546,6 +548,8 @@ def convert_bundle(
         shutil.rmtree(staging, ignore_errors=True)
         shutil.copytree(directory, staging)
         shutil.copyfile(new, staging / spec.model_file)
+        if spec.quantization is not None:
+            (staging / spec.quantization.file).unlink(missing_ok=True)
         publish(staging, converted, directory)
     return converted
 

@@ -151,6 +151,21 @@ class HeadSpec(_Strict):
     input: str = "token_embeddings"
 
 
+class QuantizationSpec(_Strict):
+    """int8 / uint8 embeddings' calibration: each component's minimum and maximum over the
+    unit vectors of `texts` calibration texts (`data`), the `ranges` sentence-transformers'
+    `quantize_embeddings` takes, for each width a request may keep (`dimensions`: the first
+    `w` components, normalised again). `file`: float32 (len(widths), 2, hidden), .npy; row
+    i's first widths[i] columns are width widths[i]'s ranges (bertserve calibrate)."""
+
+    file: str = Field(min_length=1)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    widths: list[int] = Field(min_length=1)
+    texts: int = Field(ge=1)
+    data: str
+    created_at: str
+
+
 class BundleSpec(_Strict):
     format_version: Literal[2]
     name: str = Field(min_length=1)
@@ -166,6 +181,7 @@ class BundleSpec(_Strict):
     pooling: PoolingSpec | None = None  # embeddings only
     sparse: SparseSpec | None = None  # sparse embeddings only
     multivector: MultiVectorSpec | None = None  # multi-vector (ColBERT) embeddings only
+    quantization: QuantizationSpec | None = None  # int8 / uint8 embeddings' ranges
     # Outputs computed by graphs of their own over the model graph's token states (a bundle of
     # dense and sparse heads over one encoder), by output name; `outputs` names them last.
     heads: dict[str, HeadSpec] = {}
@@ -289,7 +305,9 @@ def load_bundle_spec(directory: str | Path) -> BundleSpec:
         raise BundleError(f"{path}: {where}: {first['msg']}") from exc
     root = directory.resolve()
     static = spec.sparse.static_file if spec.sparse is not None else None
-    for name in (*spec.files, spec.tokenizer.file, *([static] if static else [])):
+    ranges = spec.quantization.file if spec.quantization is not None else None
+    extra = [name for name in (static, ranges) if name]
+    for name in (*spec.files, spec.tokenizer.file, *extra):
         path = directory / name
         # Files a bundle names stay inside it: no absolute paths, no "..", no symlink out.
         if (
@@ -303,29 +321,62 @@ def load_bundle_spec(directory: str | Path) -> BundleSpec:
     return spec
 
 
-def load_static_weights(directory: str | Path, spec: BundleSpec) -> Any:
-    """An inference-free sparse side's weights (float32, one a vocabulary id), checked against
-    the sha256 bundle.json records; None for a bundle without one. Read with numpy, no pickle."""
+def _read_array(path: Path, sha256: str) -> Any:
+    """A numpy array file a bundle names, checked against the sha256 bundle.json records;
+    read with numpy, no pickle."""
     import hashlib
     import io
 
     import numpy as np
 
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise BundleError(f"{path}: sha256 differs from the one {BUNDLE_FILE} records")
+    try:
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError) as exc:
+        raise BundleError(f"{path}: not a numpy array file: {exc}") from exc
+    if not isinstance(array, np.ndarray) or array.dtype.kind != "f":
+        raise BundleError(f"{path}: not one array of floats (.npy)")
+    return array
+
+
+def load_static_weights(directory: str | Path, spec: BundleSpec) -> Any:
+    """An inference-free sparse side's weights (float32, one a vocabulary id), checked against
+    the sha256 bundle.json records; None for a bundle without one."""
+    import numpy as np
+
     if spec.sparse is None or spec.sparse.static_file is None:
         return None
     path = Path(directory) / spec.sparse.static_file
-    data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != spec.sparse.static_sha256:
-        raise BundleError(f"{path}: sha256 differs from the one {BUNDLE_FILE} records")
-    try:
-        weights = np.load(io.BytesIO(data), allow_pickle=False)
-    except ValueError as exc:
-        raise BundleError(f"{path}: not a numpy array file: {exc}") from exc
+    weights = _read_array(path, spec.sparse.static_sha256 or "")
     if weights.ndim != 1 or len(weights) < spec.tokenizer.vocab_size:
         raise BundleError(
             f"{path}: {weights.shape} weights; the tokenizer has {spec.tokenizer.vocab_size} ids"
         )
     return weights.astype(np.float32)
+
+
+def load_quantization_ranges(directory: str | Path, spec: BundleSpec) -> dict[int, Any]:
+    """int8 / uint8 embeddings' ranges by width (float32 (2, width): minima, maxima), from
+    the file bundle.json's `quantization` names; empty for a bundle without one."""
+    import numpy as np
+
+    q = spec.quantization
+    if q is None:
+        return {}
+    path = Path(directory) / q.file
+    ranges = _read_array(path, q.sha256)
+    hidden = spec.architecture.hidden_size
+    if ranges.shape != (len(q.widths), 2, hidden) or not all(0 < w <= hidden for w in q.widths):
+        raise BundleError(
+            f"{path}: ranges of shape {ranges.shape} for widths {q.widths}; a model of "
+            f"{hidden} components needs ({len(q.widths)}, 2, {hidden})"
+        )
+    out = {w: ranges[i, :, :w].astype(np.float32) for i, w in enumerate(q.widths)}
+    if not all(np.isfinite(r).all() and (r[1] >= r[0]).all() for r in out.values()):
+        raise BundleError(f"{path}: a range is not finite, or its maximum below its minimum")
+    return out
 
 
 def check_model_file(directory: str | Path, spec: BundleSpec) -> None:

@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.service
         bundle_dirs,
         check_model_file,
         load_bundle_spec,
+        load_quantization_ranges,
     )
 
     # Fail fast, in one line, on a bad bundle, before any worker starts: inside one, the
@@ -56,7 +57,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.service
         if not found:
             raise BundleError(f"{settings.bundles}: no bundles (no */{BUNDLE_FILE})")
         for directory in found:
-            check_model_file(directory, load_bundle_spec(directory))
+            spec = load_bundle_spec(directory)
+            check_model_file(directory, spec)
+            load_quantization_ranges(directory, spec)
     except (BundleError, OSError) as exc:  # OSError: a file it cannot read
         print(f"error: {exc}", file=sys.stderr)  # noqa: T201
         return 2

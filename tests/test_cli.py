@@ -20,6 +20,7 @@ SUBCOMMANDS = (
     "export",
     "verify",
     "convert",
+    "calibrate",
     "checkpoint",
     "pretrain",
     "finetune",

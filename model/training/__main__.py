@@ -167,6 +167,11 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     ev.add_argument(
         "--rerank-questions", type=int, default=500, help="retrieval: questions reranked"
     )
+    ev.add_argument(
+        "--quantized",
+        action="store_true",
+        help="retrieval: also int8 and binary dense vectors (/v2/embed; a calibrated model)",
+    )
     ev.add_argument("--data", required=True, type=Path)
     ev.add_argument("--out", type=Path, default=None, help="also write the result as JSON here")
     ev.add_argument(
@@ -258,6 +263,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bertserve.model.t
                     "questions": args.questions,
                     "rerank_questions": args.rerank_questions,
                     "multivector": args.multivector,
+                    "quantized": args.quantized,
                 }
                 if args.task == "retrieval"
                 else {}

@@ -4,11 +4,15 @@ every question as a query (gold: the question's own paragraph).
 
     bertserve evaluate --task retrieval --url http://127.0.0.1:8000 --data DATA/squad-v1.1 \
         [--dense minilm-embed] [--sparse splade-minilm] [--rerank msmarco-minilm-l12-rerank] \
-        [--multivector colbert-minilm]
+        [--multivector colbert-minilm] [--quantized]
 
 Measured: recall@1, recall@10 and MRR@10 of
 - BM25 (`bm25s`, English stop words; the baseline),
 - dense: the cosine of /embed vectors,
+- quantised (with `--quantized`, the dense vectors from one /v2/embed pass in float, int8 and
+  ubinary): the int8 vectors' dot product, the binary ones' Hamming distance, and the binary
+  ranking's first 100 rescored by the float question against the int8 paragraphs
+  (sentence-transformers' binary-index, int8-rescoring recipe),
 - sparse: the dot product of /embed_sparse vectors (questions as "query", paragraphs as
   "document"),
 - multi-vector (with `--multivector`): MaxSim of /v1/multi-vector vectors (questions as
@@ -23,6 +27,8 @@ Measured: recall@1, recall@10 and MRR@10 of
 from __future__ import annotations
 
 import json
+import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,15 +43,24 @@ FUSED_DEPTH = 100  # each ranking's first 100 enter the fusion
 RERANK_DEPTH = 20
 
 
-def post(url: str, path: str, body: dict[str, Any], model: str | None) -> Any:
+def post(url: str, path: str, body: dict[str, Any], model: str | None, tries: int = 6) -> Any:
+    """The answer to one request; a 429 or 503 (the service's overload refusals) is sent
+    again after its Retry-After, as a client under load does."""
     query = f"?model={model}" if model else ""
     request = urllib.request.Request(
         f"{url.rstrip('/')}{path}{query}",
         data=json.dumps(body).encode(),
         headers={"content-type": "application/json"},
     )
-    with urllib.request.urlopen(request, timeout=600) as response:
-        return json.loads(response.read())
+    for attempt in range(tries):
+        try:
+            with urllib.request.urlopen(request, timeout=600) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code not in (429, 503) or attempt == tries - 1:
+                raise
+            time.sleep(float(exc.headers.get("Retry-After") or 1) * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def in_batches(
@@ -149,6 +164,33 @@ def maxsim_scores(
     return out
 
 
+def quantized_rankings(
+    queries: np.ndarray,
+    query_int8: np.ndarray,
+    query_bits: np.ndarray,
+    doc_int8: np.ndarray,
+    doc_bits: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """int8 dot products, binary Hamming distances, and the binary ranking's first
+    FUSED_DEPTH rescored by the float queries against the int8 documents."""
+    q8, d8 = query_int8.astype(np.int32), doc_int8.astype(np.int32)
+    popcount = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).sum(1)
+    q, d = query_bits.astype(np.uint8), doc_bits.astype(np.uint8)
+    hamming = np.stack([popcount[np.bitwise_xor(row, d)].sum(1) for row in q])
+    binary = rankings(-hamming.astype(np.float32))
+    rescored = np.stack(
+        [
+            row[np.argsort(-(doc_int8[row].astype(np.float32) @ query), kind="stable")]
+            for row, query in zip(binary[:, :FUSED_DEPTH], queries, strict=True)
+        ]
+    )
+    return {
+        "dense_int8": rankings((q8 @ d8.T).astype(np.float32)),
+        "dense_binary": binary,
+        "dense_binary_int8_rescored": rescored,
+    }
+
+
 def evaluate_retrieval(
     url: str,
     data_dir: Path,
@@ -158,6 +200,7 @@ def evaluate_retrieval(
     questions: int | None = None,
     rerank_questions: int = 500,
     multivector: str | None = None,
+    quantized: bool = False,
 ) -> dict[str, Any]:
     """The table of the module's docstring, through the service at `url`. `dense`, `sparse`
     and `reranker`: model names (None: the service's default for that task); `multivector`:
@@ -177,8 +220,23 @@ def evaluate_retrieval(
     def embed(batch: list[str]) -> list[Any]:
         return post(url, "/embed", {"inputs": batch, "truncate": True}, dense)
 
-    docs = np.asarray(in_batches(paragraphs, embed, "dense paragraphs"), dtype=np.float32)
-    queries = np.asarray(in_batches(texts, embed, "dense questions"), dtype=np.float32)
+    if quantized:
+        kinds = ["float", "int8", "ubinary"]
+
+        def embed(batch: list[str]) -> list[Any]:
+            answer = post(url, "/v2/embed", {"texts": batch, "embedding_types": kinds}, dense)
+            types = answer["embeddings"]
+            return list(zip(*(types[k] for k in kinds), strict=True))
+
+        doc_sets = in_batches(paragraphs, embed, "dense paragraphs")
+        query_sets = in_batches(texts, embed, "dense questions")
+        docs, doc_int8, doc_bits = (np.asarray(x) for x in zip(*doc_sets, strict=True))
+        queries, query_int8, query_bits = (np.asarray(x) for x in zip(*query_sets, strict=True))
+        docs, queries = docs.astype(np.float32), queries.astype(np.float32)
+        ranked.update(quantized_rankings(queries, query_int8, query_bits, doc_int8, doc_bits))
+    else:
+        docs = np.asarray(in_batches(paragraphs, embed, "dense paragraphs"), dtype=np.float32)
+        queries = np.asarray(in_batches(texts, embed, "dense questions"), dtype=np.float32)
     ranked["dense"] = rankings(queries @ docs.T)
 
     def splade(side: str) -> Callable[[list[str]], list[Any]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from bertserve.runtime.tasks import (
     classify,
+    cohere_embed,
     embed,
     encode,
     fill_mask,
@@ -41,6 +42,7 @@ TASKS: dict[str, Task] = {
         tokens.EMBED_ALL,
         multivector.MULTI_VECTOR,
         encode.ENCODE,
+        cohere_embed.COHERE_EMBED,
     )
 }
 # The capabilities (bundle.json "tasks", runtime/capabilities.py) some endpoint serves,

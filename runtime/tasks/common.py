@@ -17,7 +17,7 @@ from pydantic import BaseModel, BeforeValidator, WithJsonSchema
 from tokenizers import Encoding, Tokenizer
 
 from bertserve.runtime.batching import Row, RowResult
-from bertserve.runtime.bundle import BundleSpec, load_static_weights
+from bertserve.runtime.bundle import BundleSpec, load_quantization_ranges, load_static_weights
 from bertserve.runtime.errors import ClientGone, DeadlineExceeded, InvalidInput, TooLarge
 
 # The limits that bound one request's items and the rows they become, named as the service's
@@ -184,6 +184,8 @@ class TaskContext:
     _foreign: frozenset[int] | None = field(default=None, repr=False)
     # An inference-free sparse side's weight a vocabulary id (runtime.bundle.load_static_weights)
     static_weights: np.ndarray | None = field(default=None, repr=False)
+    # int8 / uint8 embeddings' ranges by width (runtime.bundle.load_quantization_ranges)
+    ranges: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
     # A byte-level tokenizer (RoBERTa's BPE, or a byte-fallback model) may make several pieces
     # of one character: its bounds count UTF-8 bytes, not characters.
     byte_level: bool = False
@@ -221,6 +223,7 @@ class TaskContext:
             byte_level=byte_level,
         )
         ctx.static_weights = load_static_weights(directory, spec)
+        ctx.ranges = load_quantization_ranges(directory, spec)
         if "embed" in spec.tasks:  # token-id inputs are checked against it: made now, not on
             _ = ctx.foreign_ids  # the event loop when the first such request comes
         return ctx
@@ -485,6 +488,7 @@ WAYS_OUT: dict[str | None, tuple[str, str | None]] = {
     "/similarity": ('"parameters": {"truncate": true}', '"parameters": {"long_input": "chunk"}'),
     "/rerank": ('"truncate": true', '"long_input": "chunk"'),
     "/embed_sparse": ('"truncate": true', '"long_input": "chunk"'),
+    "/v2/embed": ('"truncate": "END"', None),
 }
 # The running request's check (`checkpoint`): set by the handler, copied into the worker thread
 # that prepares or finishes a large request, absent in evaluation.

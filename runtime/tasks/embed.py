@@ -12,7 +12,9 @@ end of the text gives way, or its start with `truncation_direction: "Left"`.
 
 Vectors are answered as float32 (orjson's shortest float32 form: every value read back as
 float32 is the model's exactly): for 2,048 unit vectors of 384 components, 12 bytes a float
-against float64 digits' 21, written 2.5x faster.
+against float64 digits' 21, written 2.5x faster. Or quantised, where a request's
+`embedding_type` asks (an extension on /embed; Jina's field on /v1/embeddings):
+runtime/tasks/quantize.py.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from bertserve.runtime.tasks.common import (
     tokenize,
     usage,
 )
+from bertserve.runtime.tasks.quantize import Precision, check_precision, quantize
 
 Texts = Text | Annotated[list[Text], Field(min_length=1)]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0), WHOLE]], Field(min_length=1)]
@@ -97,6 +100,16 @@ Dimensions = Annotated[
 ]
 
 
+EmbeddingType = Annotated[
+    Precision,
+    Field(
+        description="(an extension) float, or quantised: int8 / uint8 (the bundle's calibrated "
+        "ranges, unit vectors), binary / ubinary (a bit a component, packed eight to a byte): "
+        "sentence-transformers' quantize_embeddings"
+    ),
+]
+
+
 class EmbedRequest(Request):
     inputs: Texts
     normalize: bool = True
@@ -105,6 +118,7 @@ class EmbedRequest(Request):
     truncation_direction: TruncationDirection = "Right"
     prompt_name: PromptName = None
     dimensions: Dimensions = None
+    embedding_type: EmbeddingType = "float"
 
 
 class OpenAIEmbeddingsRequest(Request):
@@ -127,8 +141,10 @@ class OpenAIEmbeddingsRequest(Request):
     normalized: bool | None = Field(
         None, description="(Jina) unit-length vectors; default: as the bundle pools"
     )
-    embedding_type: Literal["float", "base64"] | None = Field(
-        None, description="(Jina) as encoding_format; binary types are not served"
+    embedding_type: Literal["float", "base64", "binary", "ubinary", "int8", "uint8"] | None = Field(
+        None,
+        description="(Jina) float or base64 as encoding_format, binary / ubinary packed bits; "
+        "(an extension) int8 / uint8 with the bundle's calibrated ranges",
     )
     task: str | None = Field(None, description="(Jina) accepted and ignored")
     late_chunking: bool | None = Field(
@@ -142,6 +158,12 @@ class OpenAIEmbeddingsRequest(Request):
         """Vectors as base64 of little-endian float32 (OpenAI's `encoding_format`, Jina's
         `embedding_type`)."""
         return (self.embedding_type or self.encoding_format) == "base64"
+
+    @property
+    def precision(self) -> Precision:
+        """The vectors' type besides float32 and its base64: a quantised one, or "float"."""
+        kind = self.embedding_type
+        return "float" if kind is None or kind == "base64" else kind
 
 
 class SimilarityInputs(BaseModel):
@@ -312,6 +334,7 @@ class Embed(Task):
 
     def check_cost(self, ctx: TaskContext, items: list[Any], request: Any, limits: Any) -> int:
         check_dimensions(ctx, request.dimensions)
+        check_precision(ctx, [request.embedding_type], request.dimensions, request.normalize)
         check_answer(ctx, len(items), request.dimensions, False, limits)
         return super().check_cost(ctx, items, request, limits)
 
@@ -324,7 +347,8 @@ class Embed(Task):
     def finish(
         self, ctx: TaskContext, prepared: Groups, results: list[RowResult], request: EmbedRequest
     ) -> list[Any]:
-        return combined(results, prepared, request.normalize, request.dimensions)
+        vectors = combined(results, prepared, request.normalize, request.dimensions)
+        return [quantize(v, request.embedding_type, ctx.ranges) for v in vectors]
 
     def respond(
         self, answers: list[Any], single: bool, request: Any, rows: list[Row], model: str
@@ -356,6 +380,7 @@ class OpenAIEmbeddings(Task):
 
     def check_cost(self, ctx: TaskContext, items: list[Any], request: Any, limits: Any) -> int:
         check_dimensions(ctx, request.dimensions)
+        check_precision(ctx, [request.precision], request.dimensions, normalized(ctx, request))
         check_answer(ctx, len(items), request.dimensions, request.base64, limits)
         return sum(len(t) for t in items)  # characters, or ids (about as costly to encode)
 
@@ -389,16 +414,14 @@ class OpenAIEmbeddings(Task):
         results: list[RowResult],
         request: OpenAIEmbeddingsRequest,
     ) -> list[Any]:
-        normalize = ctx.spec.pooling.normalize if ctx.spec.pooling else True
-        if request.normalized is not None:
-            normalize = request.normalized
+        normalize = normalized(ctx, request)
         if isinstance(prepared, list):  # late chunking's places
             vectors = late_vectors(results, prepared, normalize, request.dimensions)
         else:
             vectors = combined(results, prepared, normalize, request.dimensions)
         if request.base64:
             return [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vectors]
-        return vectors
+        return [quantize(v, request.precision, ctx.ranges) for v in vectors]
 
     def respond(
         self, answers: list[Any], single: bool, request: Any, rows: list[Row], model: str
@@ -415,6 +438,14 @@ class OpenAIEmbeddings(Task):
 
     def model_name(self, request: OpenAIEmbeddingsRequest) -> str | None:
         return request.model
+
+
+def normalized(ctx: TaskContext, request: OpenAIEmbeddingsRequest) -> bool:
+    """Whether /v1/embeddings answers unit vectors: Jina's `normalized`, else as the bundle
+    pools."""
+    if request.normalized is not None:
+        return request.normalized
+    return ctx.spec.pooling.normalize if ctx.spec.pooling else True
 
 
 class Similarity(Task):

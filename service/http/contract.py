@@ -9,11 +9,14 @@ body the document allows is a body the service accepts.
 - the token ids /decode and OpenAI's token-id inputs may hold: `maximum` (the smallest served
   vocabulary, less one), and for OpenAI's `not` the ids no text tokenises to;
 - the `dimensions` an embedding may be cut to: `maximum` (the narrowest embedding model's
-  width).
+  width);
+- the quantised types an embedding may take: int8 and uint8 only where every embedding model
+  has its calibration (bundle.json `quantization`).
 
 What a schema still cannot state is per model: a request that picks a model with `?model=`
 may meet that model's own mask token, prompts and vocabulary, and a text's length in tokens
-is known only once it is tokenised. Those get a 4xx that names the limit."""
+is known only once it is tokenised; int8 asks for a width the model is calibrated at, and for
+unit vectors, which depends on other fields. Those get a 4xx that names the limit."""
 
 from __future__ import annotations
 
@@ -83,11 +86,29 @@ def bind(schema: JsonSchema, settings: Settings, models: dict[str, Model]) -> Js
     embedders = [models[n] for n in by_task.get("embed", [])]
     if embedders:
         width = min(m.spec.architecture.hidden_size for m in embedders)
-        for name in ("EmbedRequest", "OpenAIEmbeddingsRequest"):
-            for node in resolve(components, components.get(name), ("dimensions",)):
+        for name, field in DIMENSIONS:
+            for node in resolve(components, components.get(name), (field,)):
                 if node.get("type") == "integer":
                     node["maximum"] = width
+    if not all(m.ctx.ranges for m in embedders):  # int8 / uint8 need every model calibrated
+        for name, field in EMBEDDING_TYPES:
+            for node in resolve(components, components.get(name), (field,)):
+                for enum in enums(node):
+                    enum["enum"] = [v for v in enum["enum"] if v not in ("int8", "uint8")]
     return schema
+
+
+# Where an embedding's width and its quantised types are asked for: (component, field).
+DIMENSIONS = (
+    ("EmbedRequest", "dimensions"),
+    ("OpenAIEmbeddingsRequest", "dimensions"),
+    ("CohereEmbedRequest", "output_dimension"),
+)
+EMBEDDING_TYPES = (
+    ("EmbedRequest", "embedding_type"),
+    ("OpenAIEmbeddingsRequest", "embedding_type"),
+    ("CohereEmbedRequest", "embedding_types"),
+)
 
 
 def resolve(
@@ -127,6 +148,17 @@ def strings(node: JsonSchema) -> Iterator[JsonSchema]:
         yield node
     elif node.get("type") == "array":
         yield from (s for s in [node.get("items", {})] if s.get("type") == "string")
+
+
+def enums(node: JsonSchema) -> Iterator[JsonSchema]:
+    """The string enums in `node`: itself, its anyOf variants', its items'."""
+    if "enum" in node:
+        yield node
+    for key in ("anyOf", "oneOf"):
+        for variant in node.get(key, []):
+            yield from enums(variant)
+    if isinstance(node.get("items"), dict):
+        yield from enums(node["items"])
 
 
 def integers(node: JsonSchema) -> Iterator[JsonSchema]:

@@ -203,6 +203,8 @@ def error_body(message: str, error_type: str, status: int, path: str = "") -> by
         )
         detail = {"message": message, "type": kind, "param": None, "code": error_type}
         return orjson.dumps({"error": detail})
+    if path.startswith("/v2/"):  # Cohere's routes: its clients read `message`
+        return orjson.dumps({"error": message, "error_type": error_type, "message": message})
     return orjson.dumps({"error": message, "error_type": error_type})
 
 
