@@ -59,7 +59,7 @@ from bertserve.runtime.tasks.common import (
     tokenize,
     usage,
 )
-from bertserve.runtime.tasks.quantize import Precision, check_precision, quantize
+from bertserve.runtime.tasks.quantize import VALUE_BYTES, Precision, check_precision, quantize
 
 Texts = Text | Annotated[list[Text], Field(min_length=1)]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0), WHOLE]], Field(min_length=1)]
@@ -240,9 +240,9 @@ def check_dimensions(ctx: TaskContext, wanted: int | None) -> None:
 
 def answer_bytes(ctx: TaskContext, vectors: int, dimensions: int | None, base64: bool) -> int:
     """At most how large an answer of `vectors` vectors is: a float32 is at most 15 characters
-    of JSON (-1.2345678e-38,), or 4 bytes as base64's 16/3 characters."""
+    of JSON (-1.2345678e-38,), or 4 bytes as base64's 16/3 characters (quantize.VALUE_BYTES)."""
     width = dimensions or ctx.spec.architecture.hidden_size
-    return vectors * (width * (6 if base64 else 15) + 64)
+    return vectors * (width * VALUE_BYTES["base64" if base64 else "float"] + 64)
 
 
 def check_answer(

@@ -32,8 +32,7 @@ from bench.experiments.retrieval.side_by_side import (
     Runs,
     add_load_arguments,
     alternate,
-    measured_on,
-    statuses,
+    report,
 )
 from bench.servers import OURS, linked_bundles, serve
 from bertserve.runtime.bundle import load_bundle_spec
@@ -122,25 +121,17 @@ def main() -> None:
         f"bertserve bench heads --bundle {args.bundle} --passage-levels {args.passage_levels} "
         f"--passage-seconds {args.passage_seconds:g}"
     )
-    text = "\n".join(
-        [
-            "# Several heads from one pass: /encode against /embed + /embed_sparse",
-            "",
-            f"{measured_on(command, args)}: one server holding `{spec.name}` ({spec.precision}, "
-            "dense and sparse heads over one encoder), the routes alternating first each round, "
-            "best of the rounds. question: one SQuAD dev question a request; passages: 32 dev "
-            "paragraphs a request (cut at the bundle's length). The two calls' time is the sum "
-            "of each route's own at that level.",
-            "",
-            *table(runs, args),
-            "",
-            f"Statuses seen: {statuses(runs)}.",
-            "",
-        ]
+    report(
+        "Several heads from one pass: /encode against /embed + /embed_sparse",
+        command,
+        args,
+        f"one server holding `{spec.name}` ({spec.precision}, dense and sparse heads over one "
+        "encoder), the routes alternating first each round, best of the rounds. question: one "
+        "SQuAD dev question a request; passages: 32 dev paragraphs a request (cut at the "
+        "bundle's length). The two calls' time is the sum of each route's own at that level.",
+        table(runs, args),
+        runs,
     )
-    print(text)
-    if args.report:
-        args.report.write_text(text)
 
 
 if __name__ == "__main__":

@@ -24,9 +24,8 @@ from pathlib import Path
 from bench.experiments.retrieval.side_by_side import (
     add_load_arguments,
     alternate,
-    measured_on,
     ratio_table,
-    statuses,
+    report,
 )
 from bench.servers import OURS, linked_bundles, serve
 from bertserve.runtime.bundle import load_bundle_spec
@@ -85,24 +84,17 @@ def main() -> None:
     ) as server:
         runs = alternate(server, models, lambda kind, route: bodies[(kind, route)], kinds, args)
     command = f"bertserve bench multivector --multivector {args.multivector} --dense {args.dense}"
-    text = "\n".join(
-        [
-            "# Multi-vector embeddings: /v1/multi-vector against /embed on the same encoder",
-            "",
-            f"{measured_on(command, args)}: one server holding both bundles, the routes "
-            "alternating first each round, best of the rounds. question: one SQuAD dev question "
-            "a request (/v1/multi-vector: as a query, 32 positions); passages: 32 dev paragraphs "
-            "a request (as documents; both cut at 192 tokens).",
-            "",
-            *ratio_table(runs, kinds, args, "/embed", "/v1/multi-vector", "multi"),
-            "",
-            f"Statuses seen: {statuses(runs)}.",
-            "",
-        ]
+    report(
+        "Multi-vector embeddings: /v1/multi-vector against /embed on the same encoder",
+        command,
+        args,
+        "one server holding both bundles, the routes alternating first each round, best of the "
+        "rounds. question: one SQuAD dev question a request (/v1/multi-vector: as a query, 32 "
+        "positions); passages: 32 dev paragraphs a request (as documents; both cut at 192 "
+        "tokens).",
+        ratio_table(runs, kinds, args, "/embed", "/v1/multi-vector", "multi"),
+        runs,
     )
-    print(text)
-    if args.report:
-        args.report.write_text(text)
 
 
 if __name__ == "__main__":

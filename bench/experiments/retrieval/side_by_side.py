@@ -1,6 +1,6 @@
 """What the retrieval benches share: a head's route against /embed on the same encoder, in one
 server, the routes alternating first each round, at each level of connections and kind of body;
-the table of the best rounds and the report's first line."""
+the table of the best rounds, and the report around them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench.loadgen import closed_loop
@@ -84,6 +84,35 @@ def ratio_table(
 
 def statuses(runs: Runs) -> list[str]:
     return sorted({s for v in runs.values() for x in v for s in x["statuses"]})
+
+
+def report(
+    title: str,
+    command: str,
+    args: argparse.Namespace,
+    setup: str,
+    table: list[str],
+    runs: Runs,
+    after: Sequence[str] = (),
+) -> None:
+    """Print the report (its title, when and how it was measured, `setup`, the table, the
+    statuses seen, then `after`) and write it to --report if given."""
+    text = "\n".join(
+        [
+            f"# {title}",
+            "",
+            f"{measured_on(command, args)}: {setup}",
+            "",
+            *table,
+            "",
+            f"Statuses seen: {statuses(runs)}.",
+            "",
+            *after,
+        ]
+    )
+    print(text)
+    if args.report:
+        args.report.write_text(text)
 
 
 def measured_on(command: str, args: argparse.Namespace) -> str:

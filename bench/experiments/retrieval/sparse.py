@@ -24,9 +24,8 @@ from pathlib import Path
 from bench.experiments.retrieval.side_by_side import (
     add_load_arguments,
     alternate,
-    measured_on,
     ratio_table,
-    statuses,
+    report,
 )
 from bench.servers import OURS, linked_bundles, serve
 from bertserve.runtime.bundle import load_bundle_spec
@@ -165,18 +164,16 @@ def main() -> None:
         for c in shapes
     ]
     command = f"bertserve bench sparse --sparse {args.sparse} --dense {args.dense}"
-    text = "\n".join(
+    report(
+        "Sparse embeddings: /embed_sparse against /embed on the same encoder",
+        command,
+        args,
+        "one server holding both bundles, the routes alternating first each round, best of the "
+        "rounds. question: one SQuAD dev question a request; passages: 32 dev paragraphs a "
+        "request (`truncate` on).",
+        ratio_table(runs, kinds, args, "/embed", "/embed_sparse", "sparse"),
+        runs,
         [
-            "# Sparse embeddings: /embed_sparse against /embed on the same encoder",
-            "",
-            f"{measured_on(command, args)}: one server holding both bundles, the routes "
-            "alternating first each round, best of the rounds. question: one SQuAD dev question "
-            "a request; passages: 32 dev paragraphs a request (`truncate` on).",
-            "",
-            *ratio_table(runs, kinds, args, "/embed", "/embed_sparse", "sparse"),
-            "",
-            f"Statuses seen: {statuses(runs)}.",
-            "",
             "The sparse graph alone (ONNX Runtime, every core, no CPU arena, as the service "
             "runs a sparse model), one call of each shape in a fresh process, alternated "
             "twice, the faster kept: the default max_batch_tokens (8,192), a quarter of it, and "
@@ -187,11 +184,8 @@ def main() -> None:
             "|---|---|---|",
             *shape_rows,
             "",
-        ]
+        ],
     )
-    print(text)
-    if args.report:
-        args.report.write_text(text)
 
 
 if __name__ == "__main__":
