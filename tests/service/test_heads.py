@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from bertserve.export.graph import ExportError
 from bertserve.export.recover import RecoverError, checkpoint_from_bundle
 from bertserve.runtime.bundle import BundleError, check_model_file, load_bundle_spec
 from bertserve.runtime.engine import Engine, EngineOptions
+from tests.conftest import shared_data
 from tests.helpers.checkpoints import hf_checkpoint
 from tests.helpers.server import live_server
 from tests.helpers.sparse import sparse_encoder
@@ -31,7 +31,6 @@ TEXTS = [
     "paris",
     "the dog and the fox were born in london , a city on a river . " * 2,
 ]
-SST2 = "../shared/data/sst2/dev.tsv"
 
 
 @pytest.fixture(scope="module")
@@ -306,7 +305,7 @@ def test_what_a_bundle_of_heads_refuses(encoder, bundles, tmp_path):
     with pytest.raises(ExportError, match="no sparse head"):
         build_bundle(plain, ["embed", "sparse"], tmp_path / "y")
     with pytest.raises(ValueError, match="graphs of its own"):
-        convert_bundle(bundles / "both", "int8", SST2)
+        convert_bundle(bundles / "both", "int8", shared_data("sst2", "dev.tsv"))
     with pytest.raises(RecoverError, match="graphs of their own"):
         checkpoint_from_bundle(bundles / "both", tmp_path / "back")
 
@@ -317,7 +316,7 @@ def test_a_quantised_bundle_of_heads_converts_each_graph(encoder, tmp_path):
         ["embed", "sparse"],
         tmp_path / "int8",
         precision="int8",
-        eval_data=Path(SST2),
+        eval_data=shared_data("sst2", "dev.tsv"),
         force=True,  # random weights: agreement is not what this checks
     )
     import onnx

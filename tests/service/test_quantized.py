@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,12 +16,12 @@ from bertserve.export.bundle import build_bundle
 from bertserve.export.calibrate import calibrate_bundle, calibration_texts
 from bertserve.runtime.bundle import BundleError, load_bundle_spec, load_quantization_ranges
 from bertserve.runtime.tasks.quantize import calibration_ranges
+from tests.conftest import shared_data
 from tests.helpers.checkpoints import hf_checkpoint
 from tests.helpers.server import live_server
 
 pytestmark = pytest.mark.slow
 
-SST2 = Path("../shared/data/sst2/dev.tsv")
 TEXTS = ["the film was good", "who was the first king of france ?", "paris", "a dog " * 40]
 
 
@@ -35,7 +34,7 @@ def bundles(tmp_path_factory):
     spec = json.loads((root / "calibrated" / "bundle.json").read_text())
     spec["prompts"] = {"query": "who ", "document": "the "}  # as a sentence-transformers dir's
     (root / "calibrated" / "bundle.json").write_text(json.dumps(spec))
-    calibrate_bundle(root / "calibrated", SST2, texts=300, widths=[16])
+    calibrate_bundle(root / "calibrated", shared_data("sst2", "dev.tsv"), texts=300, widths=[16])
     return root
 
 
@@ -55,8 +54,9 @@ def test_calibration_is_the_range_of_real_texts_unit_vectors(bundles, server):
     spec = load_bundle_spec(bundles / "calibrated")
     assert spec.quantization is not None and spec.quantization.widths == [16, 32]
     assert spec.quantization.texts == 300 and "dev.tsv" in spec.quantization.data
-    texts, _ = calibration_texts(SST2, 300)
-    assert texts[0] == SST2.read_text().splitlines()[1].split("\t")[0]  # the header skipped
+    sst2 = shared_data("sst2", "dev.tsv")
+    texts, _ = calibration_texts(sst2, 300)
+    assert texts[0] == sst2.read_text().splitlines()[1].split("\t")[0]  # the header skipped
     ranges = load_quantization_ranges(bundles / "calibrated", spec)
     with server.client() as c:
         for width in (16, 32):  # each width's vectors as /embed answers them, cut and normalised
