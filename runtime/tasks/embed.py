@@ -588,11 +588,13 @@ class EmbedChunksRequest(Request):
     chunk_tokens: Annotated[int, Field(ge=8), WHOLE] = Field(
         DEFAULT_CHUNK_TOKENS,
         description="the most pieces of the text a chunk holds (its own: special tokens and the "
-        "prompt not counted); at most the model's window less those",
+        "prompt not counted); at most the model's window less those, which the default "
+        "becomes where it is less",
     )
     overlap_tokens: Annotated[int, Field(ge=0), WHOLE] = Field(
         DEFAULT_OVERLAP_TOKENS,
-        description="the most pieces two neighbouring chunks share; less than chunk_tokens",
+        description="the most pieces two neighbouring chunks share: at most chunk_tokens - 1, "
+        "which a larger value means (chunks then advance a word at a time)",
     )
     late: bool = Field(
         False,
@@ -646,8 +648,13 @@ class EmbedChunks(Task):
     ) -> tuple[list[Row], ChunkPlan]:
         prompt = prompted(ctx, request.prompt_name, "")
         prefix = prompt_pieces(ctx, prompt)
-        size, overlap = request.chunk_tokens, request.overlap_tokens
+        # Overlap is "at most": from chunk_tokens on it is the most a chunk can share, so every
+        # body the schema allows is served (the schema cannot compare two fields).
         window = room(ctx, len(prefix))
+        size = request.chunk_tokens
+        if "chunk_tokens" not in request.model_fields_set:  # the default, where it fits
+            size = min(size, window)
+        overlap = min(request.overlap_tokens, size - 1)
         check_chunk_tokens(ctx, size, len(prefix))
         late_room = window if request.late else None
         docs = documents(ctx, items, size, overlap, late_room=late_room)

@@ -10,7 +10,7 @@ is cut, the document giving way (longest first), where the request allows it (`t
 the service's `auto_truncate` where it says nothing; the Cohere schema always truncates), else
 it is a 413. Cohere's `max_tokens_per_doc` cuts each document to that many pieces first, and
 `rank_fields` ranks object documents on the fields it names, written as "field: value" lines,
-as Cohere's API does.
+as Cohere's API does (a document with none of them, on all of its fields).
 
 A multivector (ColBERT) bundle serves the same routes by late interaction, as vLLM's /score
 does: the query and each document are encoded apart (framed as its /v1/multi-vector sides:
@@ -21,6 +21,7 @@ and a document is cut at the bundle's document length, as ColBERT cuts it.
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
@@ -80,11 +81,36 @@ class DocumentText(BaseModel):
     """A document as an object: its `text`, or with `rank_fields` the fields named there
     (Cohere v1's structured documents); other fields are kept for return_documents."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
-    text: Text | None = None
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={"minProperties": 1})
+    # Optional but never null: without rank_fields the request's schema requires it
+    # (`_text_unless_rank_fields`); a null text is refused as any other wrong type.
+    text: Text = Field(None, json_schema_extra=lambda s: s.pop("default"))  # type: ignore[assignment]
+
+
+def _text_unless_rank_fields(schema: dict[str, Any]) -> None:
+    """What the service enforces, stated in the request's schema: without rank_fields an object
+    document ranks on its `text`, so it must have one (a string document needs nothing)."""
+    schema["anyOf"] = [
+        {"required": ["rank_fields"], "properties": {"rank_fields": {"type": "array"}}},
+        {
+            "properties": {
+                "documents": {
+                    "items": {
+                        "anyOf": [
+                            {"type": "string"},
+                            {"type": "object", "required": ["text"]},
+                        ]
+                    }
+                }
+            }
+        },
+    ]
 
 
 class CohereRerankRequest(Request):
+    model_config = ConfigDict(
+        extra="ignore", strict=True, json_schema_extra=_text_unless_rank_fields
+    )
     query: Text
     documents: Annotated[list[Text | DocumentText], Field(min_length=1)] = Field(
         description="strings or {'text': ...}; at most BERTSERVE_MAX_RERANK_DOCUMENTS"
@@ -99,7 +125,7 @@ class CohereRerankRequest(Request):
     ) = Field(
         None,
         description="object documents: rank on these fields, as 'field: value' lines "
-        "(Cohere v1); default: their text",
+        "(Cohere v1; a document with none of them on all its fields); default: their text",
     )
     max_tokens_per_doc: Annotated[int, Field(ge=1), WHOLE] | None = Field(
         None, description="cut each document to this many tokens first (Cohere v2)"
@@ -222,7 +248,8 @@ def first_tokens(ctx: TaskContext, text: str, most: int) -> str:
 
 def field_text(value: Any) -> str:
     """A field's value as a rank_fields line writes it: a string as it is, else its JSON."""
-    return value if isinstance(value, str) else orjson.dumps(value).decode()
+    # json, not orjson: a body may hold integers past 64 bits, which orjson cannot write.
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def document_text(document: str | DocumentText, fields: list[str] | None, index: int) -> str:
@@ -238,10 +265,10 @@ def document_text(document: str | DocumentText, fields: list[str] | None, index:
                 "naming the fields to rank on"
             )
         return document.text
-    lines = [f"{name}: {field_text(values[name])}" for name in fields if name in values]
-    if not lines:
-        raise InvalidInput(f"documents.{index}: has none of the rank_fields {fields}")
-    return "\n".join(lines)
+    # A document with none of the fields named (a corpus of mixed shapes) ranks on all of its
+    # own, rather than being refused: the schema cannot say which fields each object has.
+    named = [name for name in fields if name in values] or list(values)
+    return "\n".join(f"{name}: {field_text(values[name])}" for name in named)
 
 
 def logits(results: list[RowResult]) -> np.ndarray:
@@ -373,11 +400,13 @@ class CohereRerank(Task):
         return request.model
 
 
-def returned(document: str | DocumentText) -> dict[str, Any]:
-    """A document as Cohere returns it: {"text": ...} for a string, else the object as sent."""
+def returned(document: str | DocumentText) -> dict[str, Any] | orjson.Fragment:
+    """A document as Cohere returns it: {"text": ...} for a string, else the object as sent,
+    written by json (as it was read), since its integers may be past orjson's 64 bits."""
     if isinstance(document, str):
         return {"text": document}
-    return document.model_dump(exclude_none=True)
+    written = json.dumps(document.model_dump(exclude_none=True), ensure_ascii=False)
+    return orjson.Fragment(written.encode())
 
 
 class CohereRerankV2(CohereRerank):

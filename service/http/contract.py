@@ -10,6 +10,8 @@ body the document allows is a body the service accepts.
   vocabulary, less one), and for OpenAI's `not` the ids no text tokenises to;
 - the `dimensions` an embedding may be cut to: `maximum` (the narrowest embedding model's
   width);
+- the pieces a chunk of /embed/chunks may hold: `maximum` (the narrowest window less its
+  special tokens);
 - the quantised types an embedding may take: int8 and uint8 only where every embedding model
   has its calibration (bundle.json `quantization`).
 
@@ -25,6 +27,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from bertserve.runtime.tasks import TASKS
+from bertserve.runtime.tasks.chunks import room
 from bertserve.service.models import Model, serving
 from bertserve.service.settings import Settings
 
@@ -90,6 +93,12 @@ def bind(schema: JsonSchema, settings: Settings, models: dict[str, Model]) -> Js
             for node in resolve(components, components.get(name), (field,)):
                 if node.get("type") == "integer":
                     node["maximum"] = width
+        # A chunk is at most what the narrowest window holds beside its special tokens (a
+        # prompt takes more: per model, a 422 that names it).
+        most = min(room(m.ctx) for m in embedders)
+        for node in resolve(components, components.get("EmbedChunksRequest"), ("chunk_tokens",)):
+            node["maximum"] = most
+            node["default"] = min(node.get("default", most), most)
     if not all(m.ctx.ranges for m in embedders):  # int8 / uint8 need every model calibrated
         for name, field in EMBEDDING_TYPES:
             for node in resolve(components, components.get(name), (field,)):
@@ -102,6 +111,8 @@ def bind(schema: JsonSchema, settings: Settings, models: dict[str, Model]) -> Js
 DIMENSIONS = (
     ("EmbedRequest", "dimensions"),
     ("OpenAIEmbeddingsRequest", "dimensions"),
+    ("EmbedChunksRequest", "dimensions"),
+    ("EncodeRequest", "dimensions"),
     ("CohereEmbedRequest", "output_dimension"),
 )
 EMBEDDING_TYPES = (

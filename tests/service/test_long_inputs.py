@@ -193,14 +193,23 @@ def test_rerank_scores_a_long_document_by_its_best_chunk(server):
     assert every_chunk["usage"]["total_tokens"] > 1.5 * first_chunk["usage"]["total_tokens"]
 
 
-def test_the_chunk_requests_refusals_name_what_to_change(server):
+def test_the_chunk_requests_bounds_are_in_the_schema_or_served(server):
+    """chunk_tokens past the window is a 422 naming the most, and the served schema states
+    that most; overlap_tokens is "at most", so from chunk_tokens on it means chunk_tokens - 1
+    (the schema cannot compare two fields, so every value it allows is served)."""
     with server.client() as c:
         big = c.post("/embed/chunks", json={"inputs": "some text", "chunk_tokens": 300})
-        overlap = c.post(
-            "/embed/chunks", json={"inputs": DOCUMENT, "chunk_tokens": 32, "overlap_tokens": 32}
-        )
+        schema = c.get("/openapi.json").json()["components"]["schemas"]["EmbedChunksRequest"]
+        body = {"inputs": DOCUMENT[:600], "chunk_tokens": 32, "return_text": True}
+        overlap = c.post("/embed/chunks", json=body | {"overlap_tokens": 32})
+        most = c.post("/embed/chunks", json=body | {"overlap_tokens": 31})
     assert big.status_code == 422 and "at most 254" in big.json()["error"]
-    assert overlap.status_code == 422 and "less than chunk_tokens" in overlap.json()["error"]
+    assert schema["properties"]["chunk_tokens"]["maximum"] == 254
+    assert overlap.status_code == 200, overlap.text[:300]
+    assert [[(k["start"], k["end"]) for k in d] for d in overlap.json()] == [
+        [(k["start"], k["end"]) for k in d] for d in most.json()
+    ]
+    assert len(overlap.json()[0]) > 1
 
 
 def test_a_document_past_the_request_rows_is_refused_before_its_work(tmp_path):

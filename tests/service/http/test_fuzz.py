@@ -57,18 +57,56 @@ OPERATIONS = [
 ]
 
 
-@pytest.mark.parametrize(("method", "path"), OPERATIONS, ids=[f"{m} {p}" for m, p in OPERATIONS])
-def test_fuzz(method, path, server, served_schema):
-    operation = served_schema[path][method]
+def fuzz(live, schema, method: str, path: str) -> None:
+    operation = schema[path][method]
 
     @given(case=operation.as_strategy())
     @settings(
         max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
     )
-    def fuzz(case):
-        case.call_and_validate(base_url=server.url, checks=CHECKS)
+    def run(case):
+        case.call_and_validate(base_url=live.url, checks=CHECKS)
 
-    fuzz()
+    run()
+
+
+@pytest.mark.parametrize(("method", "path"), OPERATIONS, ids=[f"{m} {p}" for m, p in OPERATIONS])
+def test_fuzz(method, path, server, served_schema):
+    fuzz(server, served_schema, method, path)
+
+
+# The retrieval routes again with models behind them (above they find none and answer 404):
+# where a body reaches the tokenizer, the chunker and the model, what the schema allows is
+# served and what it forbids is refused.
+RETRIEVAL = [
+    (m, p)
+    for m, p in OPERATIONS
+    if p in ("/embed", "/embed/chunks", "/v1/embeddings", "/v2/embed", "/similarity")
+    or p.endswith("rerank")
+]
+
+
+@pytest.fixture(scope="module")
+def retrieval_server(checkpoints, tmp_path_factory):
+    from bertserve.export.bundle import build_bundle
+    from tests.helpers.checkpoints import cross_encoder
+
+    root = tmp_path_factory.mktemp("retrieval-bundles")
+    build_bundle(checkpoints["BertForPreTraining"], ["embed"], root / "embedder")
+    ranker = cross_encoder(tmp_path_factory.mktemp("cross-encoder"))
+    build_bundle(ranker, ["rerank"], root / "ranker")
+    with live_server(bundles=root, max_client_batch=8) as live:
+        yield live
+
+
+@pytest.mark.parametrize(("method", "path"), RETRIEVAL, ids=[f"{m} {p}" for m, p in RETRIEVAL])
+def test_fuzz_with_retrieval_models(method, path, retrieval_server):
+    fuzz(
+        retrieval_server,
+        schemathesis.openapi.from_url(f"{retrieval_server.url}/openapi.json"),
+        method,
+        path,
+    )
 
 
 def test_the_static_document_is_the_one_without_a_deployment():
