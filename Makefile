@@ -11,7 +11,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: help check-python install install-serve test clients lock-clients lint format serve clean pretrained teacher \
-	pylate lock finetune soup student-init student bundle embeddings pretrained-minilm pretrained-minilm-continue models bench reliability bench-minilm reliability-minilm image-test bench-families rerank splade colbert retrieval-eval cluster-test
+	pylate triton lock finetune soup student-init student bundle embeddings pretrained-minilm pretrained-minilm-continue models bench reliability bench-minilm reliability-minilm image-test bench-families rerank splade colbert retrieval-eval cluster-test
 
 help:
 	@echo "make test    lint and run the test suite (creates $(VENV) on first use)"
@@ -42,7 +42,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint clients pylate
+test: lint clients pylate triton
 	$(PY) -m pytest
 
 # The client libraries (langchain, llama-index, haystack, litellm, chromadb) in a virtualenv of
@@ -73,6 +73,19 @@ $(PYLATE_STAMP): tests/pylate/requirements.txt tests/pylate/constraints.txt | ch
 	touch $@
 
 pylate: $(PYLATE_STAMP)
+
+# Triton's Python clients (tests/service/test_oip.py runs them against a real server) in a
+# virtualenv of their own: tritonclient pins ml-dtypes and protobuf below what onnx needs here.
+TRITON_VENV ?= .venv-triton
+TRITON_STAMP := $(TRITON_VENV)/.installed
+$(TRITON_STAMP): tests/triton/requirements.txt tests/triton/constraints.txt | check-python
+	test -x $(TRITON_VENV)/bin/python || $(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(TRITON_VENV)/bin/python -m pip install --quiet -c tests/triton/constraints.txt \
+		-r tests/triton/requirements.txt
+	touch $@
+
+triton: $(TRITON_STAMP)
 
 # tests/clients/constraints.txt, resolved anew from its requirements.
 lock-clients: check-python

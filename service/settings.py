@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import types
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -105,6 +106,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "HTTP and security": (
         "host",
         "port",
+        "grpc_port",
+        "grpc_reflection",
         "root_task",
         "max_header_bytes",
         "header_timeout_s",
@@ -388,6 +391,14 @@ class Settings(BaseSettings):
         description="listen address; 0.0.0.0 (or ::) serves other machines: set API keys then",
     )
     port: int = Field(8000, ge=0, le=65535, description="0: any free port (the ready line says)")
+    grpc_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="serve gRPC (the Open Inference Protocol's GRPCInferenceService and "
+        "grpc.health.v1) on this port too; 0: any free port; unset: no gRPC",
+    )
+    grpc_reflection: bool = Field(False, description="serve gRPC server reflection")
     root_task: str = Field(
         "/embed",
         description="the task POST / answers (text-embeddings-inference's and Hugging Face "
@@ -640,6 +651,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 continue
             help_text = f"{field.description} [{env_name(name)}; default {default_text(name)}]"
             kind = field.annotation
+            if get_origin(kind) is types.UnionType:  # `int | None`: the flag takes an int
+                kind = next(a for a in get_args(kind) if a is not type(None))
             options: dict[str, Any] = {"default": argparse.SUPPRESS, "help": help_text}
             if kind is bool:
                 options["action"] = argparse.BooleanOptionalAction

@@ -130,6 +130,7 @@ class ServiceState:
     retiring: bool = False  # replaced for its memory: finishing its connections (server.py)
     # Started in another worker's place: the start-up (and so accepting) waits for warm-up.
     warm_first: bool = False
+    grpc_port: int | None = None  # where the gRPC server listens, once started (service.grpc)
     # The engine process's socket, where one runs the models for all workers (given by the
     # supervisor); empty: this process runs its own.
     engine_address: str = ""

@@ -84,7 +84,12 @@ class DocumentText(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={"minProperties": 1})
     # Optional but never null: without rank_fields the request's schema requires it
     # (`_text_unless_rank_fields`); a null text is refused as any other wrong type.
-    text: Text = Field(None, json_schema_extra=lambda s: s.pop("default"))  # type: ignore[assignment]
+    text: Text = Field(None, json_schema_extra=lambda s: _no_default(s))  # type: ignore[assignment]
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    """A field left out is not null: its schema states no default (null is not a text)."""
+    schema.pop("default", None)
 
 
 def _text_unless_rank_fields(schema: dict[str, Any]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -18,6 +19,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bertserve.runtime.tasks import TASKS
+from bertserve.service.grpc import server as grpc
 from bertserve.service.http.asgi import ADMITTED, SAFE_ID, replaying
 from bertserve.service.http.auth import (
     MANAGEMENT,
@@ -45,6 +47,7 @@ from bertserve.service.http.errors import (
     validation_error_response,
 )
 from bertserve.service.http.fastpath import FastPath
+from bertserve.service.http.oip import router as oip_router
 from bertserve.service.http.routes import REF, SELF_READ_BODIES, api, ops, root_route
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings
@@ -254,10 +257,16 @@ class RequestContext:
             log.info("%s %s %d", scope["method"], endpoint, status, extra={"fields": fields})
 
 
+OIP_MODEL = re.compile(r"/v2/models/[^/]+(/versions/[^/]+)?(/ready|/infer)?")
+
+
 def other_endpoint(path: str) -> str:
     """The endpoint label of a path outside ENDPOINTS: the management API's by its route."""
     found = MANAGEMENT.fullmatch(path)
-    return f"/models/{{name}}/{found.group(1)}" if found else "other"
+    if found:
+        return f"/models/{{name}}/{found.group(1)}"
+    found = OIP_MODEL.fullmatch(path)  # the Open Inference Protocol's, by model and route
+    return f"/v2/models/{{name}}{found.group(2) or ''}" if found else "other"
 
 
 def count_refusal(state: ServiceState, path: str, error: RequestError) -> None:
@@ -311,9 +320,12 @@ def create_app(settings: Settings) -> ServiceApp:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await state.start()
+        grpc_server = await grpc.start(state)
         try:
             yield
         finally:
+            # The drain (service.process.server) waited for the admitted calls of both ports.
+            await grpc.stop(grpc_server, 1.0)
             await state.stop()
 
     app = ServiceApp(
@@ -331,6 +343,7 @@ def create_app(settings: Settings) -> ServiceApp:
     app.include_router(api)
     app.include_router(root_route(settings))
     app.include_router(ops)
+    app.include_router(oip_router)
     mount_docs(app)
 
     @app.exception_handler(RequestError)

@@ -11,7 +11,9 @@ import re
 
 from bertserve.service.http.errors import Forbidden, Unauthorized
 
-PUBLIC_PATHS = frozenset({"/health/live", "/health/ready", "/metrics"})
+PUBLIC_PATHS = frozenset(
+    {"/health/live", "/health/ready", "/metrics", "/v2/health/live", "/v2/health/ready"}
+)
 # The management API (service.control): admin keys only, for every POST under /models/ (a
 # pattern of the routes' own would differ from the router's: Starlette's `$` also matches
 # before a trailing newline, so `/models/x/load%0A` reached the route past a fullmatch).
