@@ -318,3 +318,37 @@ def test_pods_size_their_workers_and_gpu_pods_run_one_engine_process():
     args = [a for f in COMPOSE for a in ("-f", str(f))]
     stack = yaml.safe_load(run(tool("docker-compose"), *args, "config").stdout)
     assert stack["services"]["bertserve"]["environment"]["BERTSERVE_ENGINE_PROCESS"] == "true"
+
+
+def test_the_kserve_runtime_and_inference_service_build_and_match_the_deployment():
+    """docker/k8s/kserve: `kubectl kustomize` builds the ServingRuntime and the InferenceService
+    (KServe's CRDs, which kubernetes-validate has no schema for, so checked here): each serves the
+    v2 protocol from the Deployment's image and resources, probes the v2 health routes on the
+    port it declares, and turns gRPC on."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("no kubectl")
+    built = run(kubectl, "kustomize", str(K8S / "kserve"))
+    assert built.returncode == 0, built.stderr
+    docs = {d["kind"]: d for d in yaml.safe_load_all(built.stdout) if d}
+    assert set(docs) == {"ServingRuntime", "InferenceService"}
+    runtime, service = docs["ServingRuntime"], docs["InferenceService"]
+    assert runtime["apiVersion"] == "serving.kserve.io/v1alpha1"
+    assert service["apiVersion"] == "serving.kserve.io/v1beta1"
+    assert {"v2", "grpc-v2"} <= set(runtime["spec"]["protocolVersions"])
+    ours = container(deployment())
+    for pod in (runtime["spec"], service["spec"]["predictor"]):
+        (box,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in box["env"]}
+        settings = {k.removeprefix("BERTSERVE_").lower(): v for k, v in env.items()}
+        Settings(**settings | {"bundles": str(ROOT / "bundles")})  # valid settings
+        assert box["image"] == ours["image"]
+        assert box["resources"] == ours["resources"]
+        assert [p["containerPort"] for p in box["ports"]] == [int(env["BERTSERVE_PORT"])]
+        assert env["BERTSERVE_GRPC_PORT"] and env["BERTSERVE_HOST"] == "0.0.0.0"
+        assert box["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": 8080}
+        assert box["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert dict(runtime["spec"]["containers"][0]["env"][0]) == {
+        "name": "BERTSERVE_BUNDLES",
+        "value": "/mnt/models",  # where KServe's storage initializer puts the storageUri
+    }
