@@ -395,8 +395,9 @@ class Settings(BaseSettings):
         None,
         ge=0,
         le=65535,
-        description="serve gRPC (the Open Inference Protocol's GRPCInferenceService and "
-        "grpc.health.v1) on this port too; 0: any free port; unset: no gRPC",
+        description="serve gRPC (text-embeddings-inference's tei.v1 services, the Open "
+        "Inference Protocol's GRPCInferenceService, grpc.health.v1) on this port too; 0: any "
+        "free port; unset: no gRPC",
     )
     grpc_reflection: bool = Field(False, description="serve gRPC server reflection")
     root_task: str = Field(

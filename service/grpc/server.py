@@ -149,7 +149,7 @@ async def start(state: ServiceState) -> grpc.aio.Server | None:
     settings = state.settings
     if settings.grpc_port is None:
         return None
-    from bertserve.service.grpc import oip
+    from bertserve.service.grpc import oip, tei
 
     limit = settings.max_body_bytes
     server = grpc.aio.server(
@@ -159,7 +159,7 @@ async def start(state: ServiceState) -> grpc.aio.Server | None:
             ("grpc.so_reuseport", 1),
         ],
     )
-    names = [oip.add(server, state)]
+    names = [oip.add(server, state), *tei.add(server, state)]
     health_pb2_grpc.add_HealthServicer_to_server(Health(state, names), server)
     if settings.grpc_reflection:
         from grpc_reflection.v1alpha import reflection

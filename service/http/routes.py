@@ -219,7 +219,12 @@ def tokens(ctx: TaskContext, text: str, add_special_tokens: bool) -> list[dict[s
 async def tokenize(request: Request, body: TokenizeRequest, model: ModelName = None) -> Response:
     """Each input's pieces with their offsets, as the model would see them
     (text-embeddings-inference's /tokenize)."""
-    state = state_of(request)
+    answer = await tokenize_answer(state_of(request), body, model)
+    return Response(answer, media_type="application/json")
+
+
+async def tokenize_answer(state: ServiceState, body: TokenizeRequest, model: str | None) -> bytes:
+    """/tokenize's answer as JSON (also gRPC's Tokenize: service.grpc.tei)."""
     chosen = tokenizer_model(state, model)
     ctx, settings = chosen.ctx, state.settings
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
@@ -233,8 +238,7 @@ async def tokenize(request: Request, body: TokenizeRequest, model: ModelName = N
         return orjson.dumps([tokens(ctx, t, body.add_special_tokens) for t in texts])
 
     heavy = sum(len(t) for t in texts) > settings.inline_cost
-    answer = await asyncio.to_thread(run) if heavy else run()
-    return Response(answer, media_type="application/json")
+    return await asyncio.to_thread(run) if heavy else run()
 
 
 # A body over fastpath's LARGE_BODY is parsed and validated on a worker thread, as the task
@@ -287,7 +291,12 @@ async def decode(
     model: ModelName = None,
 ) -> Response:
     """Each list of ids as text (text-embeddings-inference's /decode)."""
-    state = state_of(request)
+    answer = await decode_answer(state_of(request), body, model)
+    return Response(answer, media_type="application/json")
+
+
+async def decode_answer(state: ServiceState, body: DecodeRequest, model: str | None) -> bytes:
+    """/decode's answer as JSON (also gRPC's Decode: service.grpc.tei)."""
     ctx = tokenizer_model(state, model).ctx
     lists = [body.ids] if isinstance(body.ids[0], int) else body.ids
     if len(lists) > state.settings.max_client_batch:
@@ -312,8 +321,7 @@ async def decode(
     # Many ids take the event loop's thread for long: 3.4 MB of them took 0.23 s there,
     # and ten such requests held /health/live for 1.8 s (docs/security.md's bound is 50 ms).
     heavy = sum(len(ids) for ids in lists) > state.settings.inline_cost
-    answer = await asyncio.to_thread(run) if heavy else run()
-    return Response(answer, media_type="application/json")
+    return await asyncio.to_thread(run) if heavy else run()
 
 
 ops = APIRouter()

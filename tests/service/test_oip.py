@@ -222,11 +222,11 @@ def test_health_metadata_and_readiness(server, stub):
     assert [(t.name, list(t.shape)) for t in grpc_meta.inputs] == [("QUERY", [1]), ("TEXT", [-1])]
     with grpc.insecure_channel(f"127.0.0.1:{server.state.grpc_port}") as channel:
         health = health_pb2_grpc.HealthStub(channel)
-        for service in ("", "inference.GRPCInferenceService"):
+        for service in ("", "inference.GRPCInferenceService", "tei.v1.Embed"):
             status = health.Check(health_pb2.HealthCheckRequest(service=service)).status
             assert status == health_pb2.HealthCheckResponse.SERVING
         with pytest.raises(grpc.RpcError) as unknown:
-            health.Check(health_pb2.HealthCheckRequest(service="tei.v1.Embed"))
+            health.Check(health_pb2.HealthCheckRequest(service="no.such.Service"))
     assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
 
 
