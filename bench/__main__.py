@@ -76,6 +76,9 @@ MODES: dict[str, Mode] = {
     "heads": Mode(
         "bench.experiments.retrieval.heads", "/encode (dense + sparse) against the two calls"
     ),
+    "protocols": Mode(
+        "bench.experiments.protocols", "OIP REST and gRPC (OIP, TEI) against the JSON routes"
+    ),
     "topology": Mode("bench.experiments.topology", "workers vs one engine process, A/B"),
 }
 

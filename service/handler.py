@@ -44,6 +44,7 @@ async def handle(
     disconnected: Gone | None = None,
     client: bytes = b"",
     slot: Slot | None = None,
+    batch: bool = False,
 ) -> Any:
     """The answer to one request, as JSON bytes; raises a RequestError (or pydantic's
     ValidationError, for a body that is not a `task.request`) for anything else. `stats`
@@ -56,13 +57,16 @@ async def handle(
     long loops (`checkpoint`): 504 or 499, never a late 200. `client`: the User-Agent, for a
     task whose answer to one input some client reads differently (`Task.nests_single_for`).
     `slot`: its place (service.state.Slot): a client batch moves to a queued place; a request
-    of one input admitted past the in-flight cap is refused."""
+    of one input admitted past the in-flight cap is refused. `batch`: served as a client batch
+    whatever its inputs (a gRPC stream's messages, which are one client's batch)."""
     settings = state.settings
     gone = disconnected.done if isinstance(disconnected, asyncio.Future) else lambda: False
     token = watch(deadline_check(time.monotonic() + settings.request_timeout_s, gone))
     route = ROUTE.set(task.path)  # a 413 for an over-long input speaks this route's syntax
     try:
-        return await _handle(state, task, body, model_name, stats, disconnected, client, slot)
+        return await _handle(
+            state, task, body, model_name, stats, disconnected, client, slot, batch
+        )
     finally:
         ROUTE.reset(route)
         unwatch(token)
@@ -81,6 +85,7 @@ class Call:
     single: bool
     stats: dict[str, Any]  # what the access log reports
     disconnected: Gone | None
+    bulk: bool  # a client batch: its rows wait in the bulk lane
     rows: list[Row] = field(default_factory=list)
     prepared: Any = None
     results: list[RowResult] = field(default_factory=list)
@@ -95,6 +100,7 @@ async def _handle(
     disconnected: Gone | None,
     client: bytes,
     slot: Slot | None,
+    batch: bool,
 ) -> Any:
     request = body if isinstance(body, task.request) else task.request.model_validate(body)
     for attempt in range(3):  # with a memory budget, loaded on demand (service.control);
@@ -109,7 +115,7 @@ async def _handle(
         model.used = time.monotonic()
     model.users += 1  # a model replaced or unloaded meanwhile is retired once this is answered
     try:
-        return await _serve(state, task, request, model, stats, disconnected, client, slot)
+        return await _serve(state, task, request, model, stats, disconnected, client, slot, batch)
     finally:
         model.users -= 1
 
@@ -123,6 +129,7 @@ async def _serve(
     disconnected: Gone | None,
     client: bytes,
     slot: Slot | None,
+    batch: bool,
 ) -> Any:
     settings = state.settings
     items, single = task.inputs(request)
@@ -136,7 +143,8 @@ async def _serve(
             f"{len(items)} {task.items_name} in one request; the limit is {most} "
             f"(BERTSERVE_{task.batch_limit.upper()})"
         )
-    if len(items) > 1:  # a client batch: refused before its tokenising if its lane is full
+    bulk = batch or len(items) > 1
+    if bulk:  # a client batch: refused before its tokenising if its lane is full
         full = model.batcher.refusal(len(items), bulk=True)
         if full is not None:
             await refuse(state, slot, Overloaded(f"{full}; retry shortly", retry_after_s=1))
@@ -144,7 +152,7 @@ async def _serve(
             slot.batch()  # waits in the bulk lane; its in-flight slot goes to single requests
     elif slot is not None and slot.queued:  # past the in-flight cap only a client batch waits
         await refuse(state, slot, state.admission.crowded)
-    call = Call(state, task, model, request, items, single, stats, disconnected)
+    call = Call(state, task, model, request, items, single, stats, disconnected, bulk)
     cost = task.check_cost(model.ctx, items, request, settings)
     if cost <= settings.inline_cost:
         return await _run(call, off_loop=False)
@@ -170,7 +178,7 @@ async def _run(call: Call, off_loop: bool) -> Any:
     settings, task, model = call.state.settings, call.task, call.model
     stage = call.state.metrics.stages(task.path)
     t0 = time.perf_counter()
-    bulk = len(call.items) > 1
+    bulk = call.bulk
     nice = settings.bulk_nice if bulk else None
     if off_loop:
         call.rows, call.prepared = await off_the_loop(

@@ -14,7 +14,7 @@ a `parameters` object they go there, else beside `inputs`.
 
 from __future__ import annotations
 
-import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +29,7 @@ from bertserve.service.models import Model
 from bertserve.service.state import ServiceState
 
 PLATFORM = "bertserve_onnxruntime"
+INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
 # Request parameters that belong to the protocol (the binary data extension), not to a route.
 PROTOCOL_PARAMETERS = frozenset({"binary_data_output", "binary_data", "binary_data_size"})
 NUMPY = {
@@ -212,8 +213,20 @@ class Endpoint:
         return [*specs, ("JSON", "BYTES", [ROWS])]
 
 
+_CACHE: dict[int, tuple[tuple[Model, ...], dict[str, Endpoint]]] = {}
+
+
 def endpoints(state: ServiceState) -> dict[str, Endpoint]:
-    """Every OIP model this service serves now, by name."""
+    """Every OIP model this service serves now, by name: built again only when the loaded
+    models change (each request asks)."""
+    key = tuple(state.models.values())
+    cached = _CACHE.get(id(state))
+    if (
+        cached is not None
+        and len(cached[0]) == len(key)
+        and all(a is b for a, b in zip(cached[0], key, strict=True))
+    ):
+        return cached[1]
     out: dict[str, Endpoint] = {}
     for name, model in state.models.items():
         served = [t for t in model.spec.tasks if t in SIGNATURES]
@@ -221,6 +234,7 @@ def endpoints(state: ServiceState) -> dict[str, Endpoint]:
             out[f"{name}.{capability}"] = Endpoint(f"{name}.{capability}", model, capability)
         if served:
             out[name] = Endpoint(name, model, served[0])
+    _CACHE[id(state)] = (key, out)
     return out
 
 
@@ -334,7 +348,7 @@ def outputs_of(found: Endpoint, answer: Any, rows: int, asked: list[str] | None)
     if found.capability == "rerank":  # one answer for the request: each text's, in order
         by_index = {item["index"]: item for item in items}
         items = [by_index.get(i) for i in range(rows)]
-    typed["JSON"] = _bytes([json.dumps(item, ensure_ascii=False) for item in items])
+    typed["JSON"] = np.asarray([orjson.dumps(item) for item in items], dtype=object)
     out = []
     for name, dtype, _ in specs:
         if asked is not None and name not in asked:

@@ -66,11 +66,17 @@ async def abort(
 
 @contextlib.asynccontextmanager
 async def admitted_call(
-    state: ServiceState, context: grpc.aio.ServicerContext, route: str, size: int
+    state: ServiceState,
+    context: grpc.aio.ServicerContext,
+    route: str,
+    size: int,
+    batch: bool = False,
 ) -> AsyncIterator[Slot]:
     """A call's admission, as an HTTP POST of `size` bytes to `route`: its key checked, the
     refusals of that route (draining, in-flight cap, full queues), and an in-flight slot held
-    until it is answered. Counted in bertserve_requests_total under `grpc:<route>`."""
+    until it is answered. `batch`: a client batch's part (a stream's message), which may wait
+    past the in-flight cap as a client batch's body may. Counted in bertserve_requests_total
+    under `grpc:<route>`."""
     started = time.monotonic()
     status = 200
     slot: Slot | None = None
@@ -78,6 +84,8 @@ async def admitted_call(
         metadata = context.invocation_metadata() or ()
         given = [v.encode() for k, v in metadata if k == "authorization" and isinstance(v, str)]
         check_key(state.settings.keys(), given)
+        if batch:  # admitted as a body that may queue (service.admission.may_queue)
+            size = max(size, state.settings.queue_min_body_bytes)
         admitted = state.admit("POST", route, 0, size)
         if isinstance(admitted, RequestError):
             raise admitted

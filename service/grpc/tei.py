@@ -9,6 +9,7 @@ What the protocol leaves to the server, and bertserve's answer:
   a JSON body without `truncate`; `true` cuts;
 - a stream's messages are requests of their own, admitted one by one and run concurrently (at
   most `max_client_batch` of one stream at once, so they batch together), answered in order;
+  they are one client's batch, so they wait in the bulk lane as a client batch's rows do;
 - `Metadata`: characters, tokens, the time queued and in the model, the total; the tokenising
   time is not measured apart and reads 0;
 - PredictPair: the classifiers here read one text; a pair is a rerank model's (Rerank).
@@ -17,6 +18,7 @@ What the protocol leaves to the server, and bertserve's answer:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -33,6 +35,9 @@ from bertserve.service.handler import handle
 from bertserve.service.http import routes
 from bertserve.service.state import ServiceState
 
+# Set while a stream's message is answered: it is admitted and queued as a client batch's row
+# (the bulk lane), so a stream of many messages waits for the model instead of meeting 429s.
+STREAMED: contextvars.ContextVar[bool] = contextvars.ContextVar("streamed", default=False)
 SERVICES = ("tei.v1.Info", "tei.v1.Embed", "tei.v1.Predict", "tei.v1.Rerank", "tei.v1.Tokenize")
 DIRECTION = {pb.TRUNCATION_DIRECTION_RIGHT: "Right", pb.TRUNCATION_DIRECTION_LEFT: "Left"}
 MODEL_TYPE = {
@@ -73,9 +78,10 @@ class Base:
     ) -> tuple[Any, Any]:
         """The JSON route's answer to `body` (decoded) and the call's Metadata."""
         started, stats = time.monotonic(), dict[str, Any]()
-        async with admitted_call(self.state, context, route, size) as slot:
+        batch = STREAMED.get()  # a stream's message: one row of the client's batch
+        async with admitted_call(self.state, context, route, size, batch) as slot:
             answer = await handle(
-                self.state, TASKS[route], body, model_of(context), stats, slot=slot
+                self.state, TASKS[route], body, model_of(context), stats, slot=slot, batch=batch
             )
         return orjson.loads(answer), metadata(stats, chars, started)
 
@@ -91,6 +97,7 @@ class Base:
         pending: asyncio.Queue[asyncio.Future[Any] | None] = asyncio.Queue()
 
         async def answer(request: Any) -> Any:
+            STREAMED.set(True)  # in this task's own context
             try:
                 return await one(request, context)
             finally:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote
 
 from pydantic import ValidationError
 from starlette.responses import Response
@@ -30,7 +30,10 @@ from bertserve.service.http.errors import (
     service_error_response,
     validation_error_response,
 )
+from bertserve.service.oip import INFER_PATH
 from bertserve.service.state import ServiceState
+
+HEADER_LENGTH = b"inference-header-content-length"
 
 JSON_TYPES = (b"application/json", b"application/json; charset=utf-8")
 LARGE_BODY = 256_000  # bytes: parsed and validated off the event loop
@@ -42,6 +45,10 @@ class FastPath:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"] if scope["type"] == "http" else None
+        if path is not None and path.startswith("/v2/models/") and scope["method"] == "POST":
+            infer = INFER_PATH.fullmatch(path)
+            if infer is not None:  # the Open Inference Protocol's, without FastAPI
+                return await self._infer(scope, receive, send, infer.group(1), infer.group(2))
         if (path not in TASKS and path != ROOT) or scope["method"] != "POST":
             return await self.app(scope, receive, send)
         query = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
@@ -85,4 +92,24 @@ class FastPath:
             response = service_error_response(exc, self.state.metrics, path)
         except Exception:
             response = internal_error_response(self.state.metrics, path)
+        await response(scope, replay, send)
+
+    async def _infer(
+        self, scope: Scope, receive: Receive, send: Send, name: str, version: str | None
+    ) -> None:
+        from bertserve.service.http.oip import infer_response  # (it imports the routes)
+
+        first = await receive()  # BodyLimit (outside) hands the whole body in one message
+        body = first.get("body", b"") if first["type"] == "http.request" else b""
+        replay = replaying(first, receive)
+        header = next((v for k, v in scope["headers"] if k == HEADER_LENGTH), None)
+        response = await infer_response(
+            self.state,
+            scope,
+            replay,
+            body,
+            header.decode("latin-1") if header is not None else None,
+            unquote(name),
+            unquote(version) if version is not None else None,
+        )
         await response(scope, replay, send)

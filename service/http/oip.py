@@ -12,6 +12,7 @@ import orjson
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.types import Receive, Scope
 
 from bertserve import __version__
 from bertserve.runtime import schemas
@@ -161,11 +162,31 @@ async def model_ready(request: Request, name: str, version: str | None = None) -
     operation_id="oip_infer_at_version",
 )
 async def model_infer(request: Request, name: str, version: str | None = None) -> Response:
-    state = _state(request)
+    return await infer_response(
+        _state(request),
+        request.scope,
+        request.receive,
+        await request.body(),
+        request.headers.get(HEADER_LENGTH),
+        name,
+        version,
+    )
+
+
+async def infer_response(
+    state: ServiceState,
+    scope: Scope,
+    receive: Receive,
+    raw: bytes,
+    header_length: str | None,
+    name: str,
+    version: str | None,
+) -> Response:
+    """An inference's response: for the FastAPI route, and for the fast path
+    (service.http.fastpath), which answers a POST to an infer path without FastAPI."""
     try:
         found = oip.endpoint(state, name, version)
-        raw = await request.body()
-        parsed, tensors = parse(raw, request.headers.get(HEADER_LENGTH))
+        parsed, tensors = parse(raw, header_length)
         asked = [o.name for o in parsed.outputs] if parsed.outputs is not None else None
         outputs = await oip.infer(
             state,
@@ -173,10 +194,10 @@ async def model_infer(request: Request, name: str, version: str | None = None) -
             tensors,
             parsed.parameters,
             asked,
-            request.scope["state"],
-            disconnected=disconnect_watch(request.scope, request.receive),
-            client=user_agent(request.scope),
-            slot=admitted(request.scope),
+            scope.setdefault("state", {}),
+            disconnected=disconnect_watch(scope, receive),
+            client=user_agent(scope),
+            slot=admitted(scope),
         )
     except ValidationError as exc:
         return oip_error(InvalidInput(describe_validation(exc.errors())), state)
