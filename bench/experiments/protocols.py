@@ -172,8 +172,8 @@ def main() -> None:
                     time.sleep(SETTLE_S)
                     if side == "/embed":
                         closed_loop(embed_url, files["/embed"], 1, 2)
-                        result = closed_loop(embed_url, files["/embed"], level, args.seconds)
-                        keep("batch", side, level, result.to_dict())
+                        load = closed_loop(embed_url, files["/embed"], level, args.seconds)
+                        keep("batch", side, level, load.to_dict())
                     else:
                         asyncio.run(grpc_loop(target, side, embedder, batches, 1, 2))
                         result = asyncio.run(
