@@ -107,6 +107,9 @@ class Row:
     # The leading positions attended (None: all): a ColBERT query's [MASK] expansion is input
     # the model reads at positions nothing attends to (runtime/tasks/multivector.py).
     attend: int | None = None
+    # The request's trace where it is traced (service.tracing.RowTrace: `.context`, and
+    # `.tracing.batch(...)`, which writes the model call's span); opaque here.
+    trace: Any = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -117,6 +120,7 @@ class RowResult:
     outputs: dict[str, np.ndarray]  # this row's slice of every output, padding removed
     queue_s: float
     inference_s: float
+    batch: Any = None  # the traced model call's span context (Row.trace), else None
 
 
 @dataclass
@@ -528,6 +532,7 @@ class Batcher:
                 self._running = []
             elapsed = time.monotonic() - started
             self.consecutive_failures = 0
+            traced = self._traced(batch, feeds, elapsed) if self._any_traced(batch) else None
             for i, item in enumerate(batch):
                 if item.future.done():
                     continue
@@ -536,6 +541,7 @@ class Batcher:
                         self._slice(outputs, i, lengths[i], item.row),
                         started - item.enqueued,
                         elapsed,
+                        traced,
                     )
                 )
             now = time.monotonic()
@@ -559,6 +565,23 @@ class Batcher:
             self.cost.observe(feeds["input_ids"].size, call_s, cycle)
             self.cost.note_large(feeds, call_s)
             cycle_start = now
+
+    @staticmethod
+    def _any_traced(batch: list[_Item]) -> bool:
+        return any(item.row.trace is not None for item in batch)
+
+    def _traced(self, batch: list[_Item], feeds: dict[str, np.ndarray], elapsed: float) -> Any:
+        """The model call's span (service.tracing), linked to each traced request it served."""
+        traces = list({id(t): t for item in batch if (t := item.row.trace) is not None}.values())
+        end_ns = time.time_ns()
+        attributes = {
+            "bertserve.model": self.name,
+            "bertserve.rows": len(batch),
+            "bertserve.tokens": int(feeds["input_ids"].size),
+            "bertserve.requests": len({id(item.request) for item in batch}),
+        }
+        start_ns = end_ns - int(elapsed * 1e9)
+        return traces[0].tracing.batch([t.context for t in traces], start_ns, end_ns, attributes)
 
     async def _watch(self) -> None:
         """Fail every row still unanswered past its request's deadline with a 504: rows in a

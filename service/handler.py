@@ -33,6 +33,7 @@ from bertserve.service.http.errors import (
     TooLarge,
 )
 from bertserve.service.state import Model, ServiceState, Slot
+from bertserve.service.tracing import RowTrace, request_spans
 
 
 async def handle(
@@ -60,6 +61,8 @@ async def handle(
     of one input admitted past the in-flight cap is refused. `batch`: served as a client batch
     whatever its inputs (a gRPC stream's messages, which are one client's batch)."""
     settings = state.settings
+    if "span" in stats:  # traced (service.tracing): where the body's reading ended
+        stats["handler_at"] = time.perf_counter()
     gone = disconnected.done if isinstance(disconnected, asyncio.Future) else lambda: False
     token = watch(deadline_check(time.monotonic() + settings.request_timeout_s, gone))
     route = ROUTE.set(task.path)  # a 413 for an over-long input speaks this route's syntax
@@ -209,8 +212,16 @@ async def _run(call: Call, off_loop: bool) -> Any:
             "shorter inputs a request"
         )
     call.stats.update(model=model.name, rows=len(rows), tokens=sum(len(r) for r in rows))
+    traced = "span" in call.stats
+    if traced:  # each row carries the request's trace to the batch span
+        trace = RowTrace(call.stats["tracing"], call.stats["span"].get_span_context())
+        for r in rows:
+            r.trace = trace
     call.results = results = await submit(model, rows, call.disconnected, bulk=bulk)
     t2 = time.perf_counter()
+    if traced:
+        call.stats["answered_at"] = t2
+        request_spans(call.stats, t0, t1, results)
     checkpoint()
     body_out = await off_the_loop(nice, finish, call) if off_loop else finish(call)
     t3 = time.perf_counter()

@@ -123,6 +123,12 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "metrics_cache_s",
         "log_level",
     ),
+    "tracing": (
+        "otlp_endpoint",
+        "otlp_sample_ratio",
+        "otlp_service_name",
+        "otlp_export_delay_ms",
+    ),
     "processes": (
         "workers",
         "engine_process",
@@ -400,6 +406,19 @@ class Settings(BaseSettings):
         "free port; unset: no gRPC",
     )
     grpc_reflection: bool = Field(False, description="serve gRPC server reflection")
+    # --- tracing ---
+    otlp_endpoint: str | None = Field(
+        None,
+        description="export OpenTelemetry traces over OTLP/gRPC to this endpoint "
+        "(http://collector:4317); unset: no tracing. Needs the otel extra",
+    )
+    otlp_sample_ratio: float = Field(
+        1.0, ge=0, le=1, description="share of requests traced (a caller's sampled flag wins)"
+    )
+    otlp_service_name: str = Field("bertserve", min_length=1, description="service.name")
+    otlp_export_delay_ms: int = Field(
+        1000, ge=1, description="how often finished spans are sent, in batches"
+    )
     root_task: str = Field(
         "/embed",
         description="the task POST / answers (text-embeddings-inference's and Hugging Face "

@@ -9,6 +9,7 @@ import gc
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from bertserve.runtime.batching import Activity
 from bertserve.runtime.bundle import BundleError, load_bundle_spec
@@ -131,6 +132,7 @@ class ServiceState:
     # Started in another worker's place: the start-up (and so accepting) waits for warm-up.
     warm_first: bool = False
     grpc_port: int | None = None  # where the gRPC server listens, once started (service.grpc)
+    tracing: Any = None  # service.tracing.Tracing where BERTSERVE_OTLP_ENDPOINT is set
     # The engine process's socket, where one runs the models for all workers (given by the
     # supervisor); empty: this process runs its own.
     engine_address: str = ""

@@ -112,7 +112,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except RequestError as error:
             await abort(context, state, error)
         route = found.signature.route
-        async with admitted_call(state, context, route, request.ByteSize()) as slot:
+        stats: dict[str, Any] = {}
+        async with admitted_call(state, context, route, request.ByteSize(), stats=stats) as slot:
             tensors = tensors_of(request)
             asked = [o.name for o in request.outputs] or None
             outputs = await oip.infer(
@@ -121,7 +122,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 tensors,
                 parameters_of(request.parameters),
                 asked,
-                {},
+                stats,
                 slot=slot,
             )
             return pb.ModelInferResponse(

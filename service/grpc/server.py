@@ -29,6 +29,7 @@ from bertserve.service.http.errors import (
     describe_validation,
 )
 from bertserve.service.state import ServiceState, Slot
+from bertserve.service.tracing import edge_spans
 
 log = logging.getLogger("bertserve")
 
@@ -71,15 +72,25 @@ async def admitted_call(
     route: str,
     size: int,
     batch: bool = False,
+    stats: dict[str, Any] | None = None,
 ) -> AsyncIterator[Slot]:
     """A call's admission, as an HTTP POST of `size` bytes to `route`: its key checked, the
     refusals of that route (draining, in-flight cap, full queues), and an in-flight slot held
     until it is answered. `batch`: a client batch's part (a stream's message), which may wait
     past the in-flight cap as a client batch's body may. Counted in bertserve_requests_total
-    under `grpc:<route>`."""
-    started = time.monotonic()
-    status = 200
+    under `grpc:<route>`. Traced (service.tracing) as an HTTP request is, its span continuing
+    the `traceparent` metadata; `stats`: the dict the call gives `handle`."""
+    started, perf = time.monotonic(), time.perf_counter()
+    status, code = 200, "OK"
     slot: Slot | None = None
+    span, tracing = None, state.tracing
+    if tracing is not None:
+        metadata = context.invocation_metadata() or ()
+        carrier = {k: v for k, v in metadata if k in ("traceparent", "tracestate")}
+        attributes = {"rpc.system": "grpc", "url.path": route}
+        span = tracing.start(f"grpc {route}", carrier, attributes, perf)
+        if stats is not None and span.is_recording():
+            stats["span"], stats["tracing"] = span, tracing
     try:
         metadata = context.invocation_metadata() or ()
         given = [v.encode() for k, v in metadata if k == "authorization" and isinstance(v, str)]
@@ -101,6 +112,7 @@ async def admitted_call(
             else exc
         )
         status = answer_of(error).status
+        code = code_of(error).name
         await abort(context, state, error)
     except grpc.aio.AbortError:
         raise
@@ -108,13 +120,17 @@ async def admitted_call(
         status = 499
         raise
     except Exception:
-        status = 500
+        status, code = 500, "INTERNAL"
         log.exception("unhandled error in a gRPC call to %s", route)
         await abort(context, state, RequestError("internal error (logged)"))
     finally:
         if slot is not None:
             slot.release()
         state.metrics.request_done(f"grpc:{route}", status, time.monotonic() - started)
+        if span is not None:
+            if stats is not None and "span" in stats:
+                edge_spans(stats, perf, time.perf_counter())
+            tracing.end(span, status, code)
 
 
 class Health(health_pb2_grpc.HealthServicer):

@@ -79,7 +79,7 @@ class Base:
         """The JSON route's answer to `body` (decoded) and the call's Metadata."""
         started, stats = time.monotonic(), dict[str, Any]()
         batch = STREAMED.get()  # a stream's message: one row of the client's batch
-        async with admitted_call(self.state, context, route, size, batch) as slot:
+        async with admitted_call(self.state, context, route, size, batch, stats) as slot:
             answer = await handle(
                 self.state, TASKS[route], body, model_of(context), stats, slot=slot, batch=batch
             )

@@ -52,6 +52,7 @@ from bertserve.service.http.routes import REF, SELF_READ_BODIES, api, ops, root_
 from bertserve.service.metrics import Metrics
 from bertserve.service.settings import Settings
 from bertserve.service.state import ServiceState
+from bertserve.service.tracing import Tracing, edge_spans, start_tracing
 
 log = logging.getLogger("bertserve.access")
 ENDPOINTS = {
@@ -231,6 +232,9 @@ class RequestContext:
                 check_key(keys, authorizations(scope["headers"]))
             except Unauthorized as exc:
                 app = service_error_response(exc, metrics, path)
+        tracing, span = self.state.tracing, None
+        if tracing is not None and path not in PUBLIC_PATHS:
+            span = self.start_span(tracing, scope, request_id, started)
         try:
             await app(scope, receive, send_with_id)
         finally:
@@ -238,6 +242,10 @@ class RequestContext:
                 slot.release()
             elapsed = time.perf_counter() - started
             endpoint = scope["path"] if scope["path"] in ENDPOINTS else other_endpoint(path)
+            if span is not None:
+                if "span" in scope["state"]:  # recorded: its children, from the times measured
+                    edge_spans(scope["state"], started, time.perf_counter())
+                tracing.end(span, status)
             metrics.request_done(endpoint, status, elapsed if scope["method"] == "POST" else None)
             extra = scope["state"]
             fields = {
@@ -252,9 +260,36 @@ class RequestContext:
                     if k in ("rows", "tokens", "queue_ms", "inference_ms", "model")
                 },
             }
+            if span is not None:
+                fields["trace_id"] = format(span.get_span_context().trace_id, "032x")
             # The dict travels on the record: the JSON formatter encodes it once; any other
             # handler still gets a readable message.
             log.info("%s %s %d", scope["method"], endpoint, status, extra={"fields": fields})
+
+    @staticmethod
+    def start_span(tracing: Tracing, scope: Scope, request_id: str, at: float) -> Any:
+        """The request's span, continuing the caller's traceparent; recorded (sampled), it
+        goes into the request's state for the handler's child spans."""
+        carrier = {
+            k.decode("latin-1"): v.decode("latin-1")
+            for k, v in scope["headers"]
+            if k in (b"traceparent", b"tracestate")
+        }
+        path = scope["path"]
+        endpoint = path if path in ENDPOINTS else other_endpoint(path)
+        span = tracing.start(
+            f"{scope['method']} {endpoint}",
+            carrier,
+            {
+                "http.request.method": scope["method"],
+                "url.path": path,
+                "bertserve.request_id": request_id,
+            },
+            at,
+        )
+        if span.is_recording():
+            scope["state"]["span"], scope["state"]["tracing"] = span, tracing
+        return span
 
 
 OIP_MODEL = re.compile(r"/v2/models/[^/]+(/versions/[^/]+)?(/ready|/infer)?")
@@ -319,6 +354,7 @@ def create_app(settings: Settings) -> ServiceApp:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.tracing = start_tracing(settings)
         await state.start()
         grpc_server = await grpc.start(state)
         try:
@@ -327,6 +363,8 @@ def create_app(settings: Settings) -> ServiceApp:
             # The drain (service.process.server) waited for the admitted calls of both ports.
             await grpc.stop(grpc_server, 1.0)
             await state.stop()
+            if state.tracing is not None:  # what is left is exported
+                await asyncio.to_thread(state.tracing.shutdown)
 
     app = ServiceApp(
         title="bertserve",
