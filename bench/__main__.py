@@ -79,6 +79,7 @@ MODES: dict[str, Mode] = {
     "protocols": Mode(
         "bench.experiments.protocols", "OIP REST and gRPC (OIP, TEI) against the JSON routes"
     ),
+    "tracing": Mode("bench.experiments.tracing", "/embed with every request traced against none"),
     "topology": Mode("bench.experiments.topology", "workers vs one engine process, A/B"),
 }
 
