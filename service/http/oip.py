@@ -54,6 +54,9 @@ class InferenceRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     id: str | None = None
+    # KServe's REST client sends them beside the path that names the model: read, not used.
+    model_name: str | None = None
+    model_version: str | None = None
     parameters: dict[str, Any] = Field(default_factory=dict)
     inputs: list[RequestInput] = Field(min_length=1)
     outputs: list[RequestOutput] | None = None

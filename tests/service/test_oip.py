@@ -1,7 +1,8 @@
 """The Open Inference Protocol v2, REST and gRPC: Triton's own clients (tritonclient.http and
-tritonclient.grpc, from .venv-triton: `make triton`) answer with the JSON routes' numbers for
-every task; bad input gets the protocol's error codes with the JSON routes' messages; health,
-metadata and readiness per model; nothing admitted over gRPC is lost when the service drains."""
+tritonclient.grpc) and KServe's SDK (from .venv-triton: `make triton`) answer with the JSON
+routes' numbers for every task; bad input gets the protocol's error codes with the JSON
+routes' messages; health, metadata and readiness per model; nothing admitted over gRPC is lost
+when the service drains."""
 
 from __future__ import annotations
 
@@ -313,3 +314,43 @@ def test_the_documented_client_snippet_runs(server):
     printed = "[" + " ".join(f"b'{w[0]['label']}'" for w in want) + "]"  # numpy's bytes array
     lines = run.stdout.splitlines()
     assert len(lines) == 2 and all(line.startswith(printed) for line in lines), (printed, lines)
+
+
+def test_kserve_clients_answer_as_the_json_routes(server, tmp_path):
+    """KServe's SDK (InferenceRESTClient and InferenceGRPCClient, v2): the same outputs as
+    the JSON routes for every task."""
+    if not PYTHON.exists():
+        message = f"no Triton clients' virtualenv at {PYTHON}: run `make triton`"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    cases = tmp_path / "cases.json"
+    cases.write_text(json.dumps(CASES))
+    run = subprocess.run(
+        [
+            str(PYTHON),
+            str(ROOT / "tests" / "triton" / "kserve_jobs.py"),
+            server.url,
+            f"127.0.0.1:{server.state.grpc_port}",
+            str(cases),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    assert lines[0] == {"server_ready": [True, True]}
+    expected = json_answers(server)
+    for line in lines[1:]:
+        want = expected[line["model"]]
+        for client in ("rest", "grpc"):
+            out = line[client]
+            got = [json.loads(j) for j in out["JSON"]]
+            if line["model"] == "ranker":
+                by_index = {r["index"]: r for r in want}
+                assert got == [by_index[0], by_index[1]]
+                continue
+            assert got == want, (line["model"], client)
+            if line["model"] == "embedder":
+                assert np.allclose(np.asarray(out["EMBEDDING"]).reshape(2, 32), want)
