@@ -77,9 +77,12 @@ MODES: dict[str, Mode] = {
         "bench.experiments.retrieval.heads", "/encode (dense + sparse) against the two calls"
     ),
     "protocols": Mode(
-        "bench.experiments.protocols", "OIP REST and gRPC (OIP, TEI) against the JSON routes"
+        "bench.experiments.frontdoors.protocols",
+        "OIP REST and gRPC (OIP, TEI) against the JSON routes",
     ),
-    "tracing": Mode("bench.experiments.tracing", "/embed with every request traced against none"),
+    "tracing": Mode(
+        "bench.experiments.frontdoors.tracing", "/embed with every request traced against none"
+    ),
     "topology": Mode("bench.experiments.topology", "workers vs one engine process, A/B"),
 }
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata as distribution
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,10 @@ from bertserve.service.models import Model
 from bertserve.service.state import ServiceState
 
 PLATFORM = "bertserve_onnxruntime"
+try:  # the installed distribution's version (the server metadata of both protocols)
+    VERSION = distribution.version("bertserve")
+except distribution.PackageNotFoundError:  # run from a tree that is not installed
+    VERSION = "0+unknown"
 INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
 # Request parameters that belong to the protocol (the binary data extension), not to a route.
 PROTOCOL_PARAMETERS = frozenset({"binary_data_output", "binary_data", "binary_data_size"})

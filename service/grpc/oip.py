@@ -10,12 +10,12 @@ from typing import Any
 import grpc
 import numpy as np
 
-from bertserve import __version__
 from bertserve.service import oip
 from bertserve.service.grpc import grpc_predict_v2_pb2 as pb
 from bertserve.service.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
-from bertserve.service.grpc.server import abort, admitted_call
+from bertserve.service.grpc.calls import abort, admitted_call
 from bertserve.service.http.errors import InvalidInput, RequestError
+from bertserve.service.oip import VERSION
 from bertserve.service.state import ServiceState
 
 SERVICE = "inference.GRPCInferenceService"
@@ -81,7 +81,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self.state.ready)
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
-        return pb.ServerMetadataResponse(**oip.server_metadata(__version__))
+        return pb.ServerMetadataResponse(**oip.server_metadata(VERSION))
 
     async def ModelReady(self, request: Any, context: Any) -> Any:
         try:

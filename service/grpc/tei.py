@@ -26,13 +26,13 @@ from typing import Any
 import grpc
 import orjson
 
-from bertserve import __version__
 from bertserve.runtime.tasks import TASKS
 from bertserve.service.grpc import tei_pb2 as pb
 from bertserve.service.grpc import tei_pb2_grpc as pb_grpc
-from bertserve.service.grpc.server import admitted_call
+from bertserve.service.grpc.calls import admitted_call
 from bertserve.service.handler import handle
 from bertserve.service.http import routes
+from bertserve.service.oip import VERSION
 from bertserve.service.state import ServiceState
 
 # Set while a stream's message is answered: it is admitted and queued as a client batch's row
@@ -138,7 +138,7 @@ class Info(Base, pb_grpc.InfoServicer):
         spec = model.spec
         kind = next((t for t in spec.tasks if t in MODEL_TYPE), "embed")
         return pb.InfoResponse(
-            version=__version__,
+            version=VERSION,
             model_id=spec.name,
             model_sha=model.version,
             model_dtype=spec.precision,

@@ -30,6 +30,7 @@ from bertserve.service.http.errors import (
     service_error_response,
     validation_error_response,
 )
+from bertserve.service.http.oip import infer_response
 from bertserve.service.oip import INFER_PATH
 from bertserve.service.state import ServiceState
 
@@ -97,8 +98,6 @@ class FastPath:
     async def _infer(
         self, scope: Scope, receive: Receive, send: Send, name: str, version: str | None
     ) -> None:
-        from bertserve.service.http.oip import infer_response  # (it imports the routes)
-
         first = await receive()  # BodyLimit (outside) hands the whole body in one message
         body = first.get("body", b"") if first["type"] == "http.request" else b""
         replay = replaying(first, receive)

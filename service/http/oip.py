@@ -14,7 +14,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive, Scope
 
-from bertserve import __version__
 from bertserve.runtime import schemas
 from bertserve.service import oip
 from bertserve.service.http.asgi import admitted, disconnect_watch, user_agent
@@ -26,7 +25,6 @@ from bertserve.service.http.errors import (
     error_body,
     internal_error_response,
 )
-from bertserve.service.http.routes import ERROR_RESPONSES
 from bertserve.service.state import ServiceState
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -64,8 +62,18 @@ class InferenceRequest(BaseModel):
 
 # The statuses these routes answer with, documented as the JSON routes' are ({"error": ...}).
 RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"model": schemas.ErrorBody, "description": "invalid request: wrong tensors, or input"},
-    **{code: answer for code, answer in ERROR_RESPONSES.items() if code != 422},
+    code: {"model": schemas.ErrorBody, "description": text}
+    for code, text in (
+        (400, "invalid request: wrong tensors, or input"),
+        (401, "missing or wrong bearer token"),
+        (404, "no such model or version"),
+        (413, "input or client batch too large"),
+        (415, "a compressed body (Content-Encoding)"),
+        (429, "overloaded: retry after Retry-After seconds"),
+        (501, "a transfer coding besides chunked"),
+        (503, "not ready or draining"),
+        (504, "queue deadline passed"),
+    )
 }
 HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {
     503: {"model": schemas.ErrorBody, "description": "not live, or not ready"}
@@ -87,7 +95,7 @@ def oip_error(error: RequestError, state: ServiceState) -> Response:
 
 @router.get("/v2", summary="Server metadata", responses=RESPONSES)
 async def server_metadata() -> JSONResponse:
-    return JSONResponse(oip.server_metadata(__version__))
+    return JSONResponse(oip.server_metadata(oip.VERSION))
 
 
 @router.get("/v2/health/live", summary="Server liveness (200: live)", responses=HEALTH_RESPONSES)
