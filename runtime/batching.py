@@ -11,9 +11,12 @@ When the model is free, the batching loop takes what is queued: batches form whi
 is busy, so a lone request never waits for company and a loaded server runs full batches.
 With `max_wait_ms` > 0 it also waits, up to that long after the oldest row arrived, for a batch
 to fill (row cap or token budget). It drops rows whose request was cancelled (client gone),
-whose deadline passed (504), or whose first call would end past `max_queue_time_ms` (429 with
-Retry-After: admission's estimate of the wait was outrun), and picks the oldest interactive row
-(else the oldest) plus the rows closest to it in length, so padding stays small. It stops adding
+whose deadline passed or would pass before the call ends (504: a request's own timeout, capped
+by `request_timeout_s`), or whose first call would end past `max_queue_time_ms` (429 with
+Retry-After: admission's estimate of the wait was outrun), and picks the row of the highest
+priority (`PRIORITIES`: lower is first; a row rises a level for every `priority_aging_s` it has
+waited, so none starves; the oldest among equals) plus the rows closest to it in length, so
+padding stays small. It stops adding
 rows where the padding they bring costs more model time than another call would (`CallCost`,
 measured as it serves): a client batch of sentences of every length runs as a few calls of
 similar lengths, not one call padded to its longest. The model runs on a single worker thread;
@@ -131,6 +134,7 @@ class _Request:
 
     started: bool = False
     bulk: bool = False
+    priority: int = 0  # PRIORITIES: lower goes first
 
 
 @dataclass
@@ -268,6 +272,12 @@ class Limits(Protocol):
     def request_timeout_s(self) -> float: ...
     @property
     def bulk_nice(self) -> int: ...
+    @property
+    def default_priority(self) -> int: ...
+    @property
+    def bulk_priority(self) -> int: ...
+    @property
+    def priority_aging_s(self) -> float: ...
 
 
 class Labelled(Protocol):
@@ -291,6 +301,8 @@ class BatchMetrics(Protocol):
     def failed_batches(self) -> Labelled: ...
     @property
     def lone_calls(self) -> Labelled: ...
+    @property
+    def unanswered_model_seconds(self) -> Labelled: ...
 
 
 class Batcher:
@@ -352,6 +364,9 @@ class Batcher:
         # Labelled children bound once: `labels()` costs a lock and a lookup on every call.
         self._dropped = {
             r: metrics.dropped.labels(name, r) for r in ("cancelled", "expired", "overdue")
+        }
+        self._unanswered = {
+            r: metrics.unanswered_model_seconds.labels(name, r) for r in ("cancelled", "expired")
         }
         self._overdue = (
             f"model {name}: queued too long to answer within {settings.max_queue_time_ms:g} ms "
@@ -448,27 +463,55 @@ class Batcher:
 
     # --- requests -----------------------------------------------------------------------------
 
-    def enqueue(self, rows: list[Row], bulk: bool = False) -> list[asyncio.Future[RowResult]]:
+    def enqueue(
+        self,
+        rows: list[Row],
+        bulk: bool = False,
+        priority: int | None = None,
+        deadline: float | None = None,
+    ) -> list[asyncio.Future[RowResult]]:
         """Queue a request's rows; one future a row. Raises 429 past the admission limit of its
         kind (`refusal`). Cancelling a future drops its row if the model has not taken it yet;
-        a row still unanswered at the deadline fails with a 504 (`_watch`)."""
+        a row still unanswered at the deadline fails with a 504 (`_watch`, or a timer of the
+        request's own where its `deadline` (time.monotonic) comes before `request_timeout_s`'s).
+        `priority`: PRIORITIES (None: the settings' default for its kind)."""
         refused = self.refusal(len(rows), bulk)
         if refused is not None:
             raise Overloaded(f"{refused}; retry shortly", retry_after_s=1)
         loop = asyncio.get_running_loop()
-        deadline = time.monotonic() + self.settings.request_timeout_s
-        request = _Request(bulk=bulk)
+        latest = time.monotonic() + self.settings.request_timeout_s
+        if priority is None:
+            priority = self.settings.bulk_priority if bulk else self.settings.default_priority
+        request = _Request(bulk=bulk, priority=priority)
+        own = deadline is not None and deadline < latest
+        deadline = deadline if deadline is not None and own else latest
         items = [_Item(row, loop.create_future(), deadline, request) for row in rows]
+        if own:  # sooner than the watchdog's period may notice: its own timer, so 504 on time
+            loop.call_at(loop.time() + deadline - time.monotonic(), self._expire, items)
         self._items.extend(items)
         self._bulk += len(items) if bulk else 0
         self._depth.set(len(self._items))
         self._wake.set()
         return [item.future for item in items]
 
-    async def submit(self, rows: list[Row], bulk: bool = False) -> list[RowResult]:
+    async def submit(
+        self,
+        rows: list[Row],
+        bulk: bool = False,
+        priority: int | None = None,
+        deadline: float | None = None,
+    ) -> list[RowResult]:
         """Enqueue a request's rows and wait for all of them (`enqueue`, then `gather`).
         Cancelling the awaiting task cancels its rows."""
-        return await gather(self.enqueue(rows, bulk))
+        return await gather(self.enqueue(rows, bulk, priority, deadline))
+
+    def _expire(self, items: list[_Item]) -> None:
+        """A request's own deadline: its rows still unanswered fail with a 504 (a row in the
+        model's call is answered no more; queued ones are dropped before any model time)."""
+        error = DeadlineExceeded(f"model {self.name}: no result within the request's timeout")
+        for item in items:
+            if not item.future.done():
+                item.future.set_exception(error)
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -532,6 +575,11 @@ class Batcher:
                 self._running = []
             elapsed = time.monotonic() - started
             self.consecutive_failures = 0
+            ended = started + elapsed
+            for item in batch:  # model time nobody receives: each such row's share of the call
+                if item.deadline < ended or item.future.done():
+                    reason = "expired" if item.deadline < ended else dropped_reason(item.future)
+                    self._unanswered[reason].inc(call_s / len(batch))
             traced = self._traced(batch, feeds, elapsed) if self._any_traced(batch) else None
             for i, item in enumerate(batch):
                 if item.future.done():
@@ -646,8 +694,8 @@ class Batcher:
         )
         live = []
         for item in self._items:
-            if item.future.done():
-                self._dropped["cancelled"].inc()
+            if item.future.done():  # its client left, or its own timer ended it (_expire)
+                self._dropped[dropped_reason(item.future)].inc()
             elif now > item.deadline:
                 item.future.set_exception(
                     DeadlineExceeded(f"model {self.name}: deadline passed in the queue")
@@ -672,9 +720,11 @@ class Batcher:
             self._items, self._bulk = [], 0
             self._depth.set(0)
             return []
-        # The oldest interactive row goes first (no starvation; client batches wait behind
-        # requests of one input), else the oldest row of a client batch.
-        first = next((item for item in live if not item.request.bulk), live[0])
+        # The row of the highest priority goes first, the oldest among equals (client batches
+        # wait behind requests of one input by their default priorities); a row rises a level
+        # for every priority_aging_s it has waited, so no priority starves.
+        aging = self.settings.priority_aging_s
+        first = min(live, key=lambda item: item.request.priority - (now - item.enqueued) / aging)
         anchor = len(first.row)
         others = [item for item in live if item is not first]
         by_closeness = sorted(others, key=lambda item: abs(len(item.row) - anchor))
@@ -691,13 +741,32 @@ class Batcher:
         overhead = self.cost.overhead_tokens() if self.settings.split_batches else None
         if overhead is not None:
             batch = batch[: cheapest_prefix([len(item.row) for item in batch], overhead)]
+        # No model time for a row whose answer would come after its deadline: it is answered
+        # 504 now (a short timeout of its own; rows of the default deadline, past it, went above).
+        ends = now + self.call_s(len(batch) * max(len(item.row) for item in batch))
+        late = [item for item in batch if item.deadline < ends]
+        for item in late:
+            item.future.set_exception(
+                DeadlineExceeded(f"model {self.name}: the request's timeout ends before its call")
+            )
+            self._dropped["expired"].inc()
+        batch = [item for item in batch if item.deadline >= ends]
         for item in batch:
             item.request.started = True
-        chosen = {id(item) for item in batch}
-        self._items = [item for item in live if id(item) not in chosen]
+        taken = {id(item) for item in (*batch, *late)}
+        self._items = [item for item in live if id(item) not in taken]
         self._bulk = sum(1 for item in self._items if item.request.bulk)
         self._depth.set(len(self._items) + len(batch))
         return batch
+
+    def call_s(self, tokens: int) -> float:
+        """How long a call of `tokens` padded tokens is expected to take: the fitted fixed cost
+        and cost a token (`CallCost`), else the measured cycle; 0 before anything is measured."""
+        per_token = self.cost.seconds_per_token()
+        if per_token is None:
+            return self.cycle_s
+        fixed = max((self.cost.sy - per_token * self.cost.sx) / self.cost.w, 0.0)
+        return fixed + per_token * tokens
 
     def _pad(self, batch: list[_Item]) -> tuple[dict[str, np.ndarray], list[int]]:
         feeds, lengths = pad_rows([item.row for item in batch], self.pad_id, self.positions)
@@ -717,6 +786,14 @@ class Batcher:
             if not item.future.done():
                 item.future.set_exception(error)
         self._items, self._bulk = [], 0
+
+
+def dropped_reason(future: asyncio.Future[RowResult]) -> str:
+    """Why a queued row's future is done before its call: "expired" where its deadline ended it,
+    else "cancelled" (its client left, or the request failed on another row)."""
+    if not future.cancelled() and isinstance(future.exception(), DeadlineExceeded):
+        return "expired"
+    return "cancelled"
 
 
 def lower_priority(nice: int) -> None:

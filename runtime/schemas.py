@@ -22,6 +22,14 @@ def _whole(value: object) -> object:
 WHOLE = BeforeValidator(_whole)
 Int = Annotated[int, WHOLE]
 Text = Annotated[str, Field(min_length=1, pattern=r"\S", description="not empty or blank")]
+# Request priorities, lowest and highest number: lower is served first, as Cohere's and vLLM's
+# `priority` (0, the default of a request of one input, is the most urgent): runtime.batching.
+PRIORITIES = (0, 999)
+Priority = Annotated[int, Field(ge=PRIORITIES[0], le=PRIORITIES[1]), WHOLE] | None
+PRIORITY_TEXT = (
+    "lower is served first (0: the default of a request of one input; a client batch's is "
+    "BERTSERVE_BULK_PRIORITY); a queued request rises a level every BERTSERVE_PRIORITY_AGING_S"
+)
 
 
 # Strict types: a JSON value of another type is refused (no "true" for a boolean, no 1.0 for an

@@ -178,8 +178,16 @@ class Metrics:
         )
         self.dropped = Counter(
             "bertserve_dropped_rows",
-            "Sequences dropped before compute (cancelled; expired: past the deadline; overdue: "
-            "queued past max_queue_time_ms)",
+            "Sequences dropped before compute (cancelled; expired: past the deadline, or it "
+            "would pass before the call ends; overdue: queued past max_queue_time_ms)",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.unanswered_model_seconds = Counter(
+            "bertserve_unanswered_model_seconds",
+            "Model time spent on sequences whose answer nobody receives: their request's "
+            "deadline passed during the call (expired) or its client left (cancelled); each "
+            "such sequence's share of its call",
             ["model", "reason"],
             registry=r,
         )

@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bertserve.runtime.engine import EngineOptions
+from bertserve.runtime.schemas import PRIORITIES
 from bertserve.runtime.tasks.common import RequestLimits
 from bertserve.service.http.auth import MIN_KEY_LENGTH
 
@@ -84,6 +85,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_queue_wait_ms",
         "max_queue_time_ms",
         "request_timeout_s",
+        "default_priority",
+        "bulk_priority",
+        "priority_aging_s",
         "max_in_flight",
         "max_queued_batches",
         "queue_min_body_bytes",
@@ -294,6 +298,26 @@ class Settings(BaseSettings):
         gt=0,
         description="a request's deadline, post-processing included: 504 past it (a client that "
         "left is logged 499)",
+    )
+    default_priority: int = Field(
+        0,
+        ge=PRIORITIES[0],
+        le=PRIORITIES[1],
+        description="the priority of a request of one input that names none (lower is served "
+        "first: Cohere's and vLLM's `priority`)",
+    )
+    bulk_priority: int = Field(
+        1,
+        ge=PRIORITIES[0],
+        le=PRIORITIES[1],
+        description="the priority of a client batch (more than one input) that names none: "
+        "below single interactive inputs",
+    )
+    priority_aging_s: float = Field(
+        10.0,
+        gt=0,
+        description="ageing: a queued sequence rises one priority level for every this many "
+        "seconds it has waited, so lower priorities are never starved",
     )
     # What bounds an admitted request's time under overload: an event loop busy refusing a flood
     # completes about 500 requests a second, so at 256 in flight (the old default) the served took

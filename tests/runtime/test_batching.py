@@ -44,6 +44,9 @@ class Settings:
     max_bulk_queue_rows: int = 4096
     request_timeout_s: float = 30.0
     bulk_nice: int = 10
+    default_priority: int = 0
+    bulk_priority: int = 1
+    priority_aging_s: float = 10.0
 
 
 class Metrics:
@@ -59,18 +62,37 @@ class Metrics:
         self.padding = Histogram("padding", "", ["model"], registry=r)
         self.failed_batches = Counter("failed_batches", "", ["model"], registry=r)
         self.lone_calls = Counter("lone_calls", "", ["model"], registry=r)
+        self.unanswered_model_seconds = Counter("unanswered", "", ["model", "reason"], registry=r)
+
+    def value(self, family: str, **labels: str) -> float:
+        counter = getattr(self, family)
+        return counter.labels(*labels.values())._value.get()
 
 
 def select(
-    lengths, *, rows=4, tokens=1000, cancelled=(), expired=(), cost=None, split=True, cap=None
+    lengths,
+    *,
+    rows=4,
+    tokens=1000,
+    cancelled=(),
+    expired=(),
+    cost=None,
+    split=True,
+    cap=None,
+    priorities=None,
+    waited=None,
+    deadlines=None,
+    cycle_s=0.0,
 ):
     """Queue rows of the given lengths (oldest first), pick one batch; returns the lengths of
-    the batch in pick order, the lengths left queued, and the items."""
+    the batch in pick order, the lengths left queued, and the items. `priorities`, `waited`
+    (seconds queued) and `deadlines` (seconds from now): one a row, where given."""
 
     async def run():
         loop = asyncio.get_running_loop()
         settings = Settings(max_batch_rows=rows, max_batch_tokens=tokens, split_batches=split)
         batcher = Batcher("m", None, settings, Metrics(), {}, 0, None, max_tokens=cap)
+        batcher.cycle_s = cycle_s
         if cost is not None:
             batcher.cost = cost
         now = time.monotonic()
@@ -78,7 +100,12 @@ def select(
         for i, n in enumerate(lengths):
             row = Row(np.full(n, 5, np.int64), np.zeros(n, np.int64))
             deadline = now - 1 if i in expired else now + 60
-            item = _Item(row, loop.create_future(), deadline, _Request(), now + i * 1e-3)
+            if deadlines is not None:
+                deadline = now + deadlines[i]
+            # Rows that waited long are a client batch's: a single input's would be overdue.
+            request = _Request(bulk=bool(waited), priority=priorities[i] if priorities else 0)
+            enqueued = now - waited[i] if waited else now + i * 1e-3
+            item = _Item(row, loop.create_future(), deadline, request, enqueued)
             if i in cancelled:
                 item.future.cancel()
             items.append(item)
@@ -117,6 +144,72 @@ def test_token_budget_counts_padding():
 def test_row_cap():
     batch, left, _ = select([8] * 10, rows=3)
     assert len(batch) == 3 and len(left) == 7
+
+
+def test_the_highest_priority_goes_first_and_ageing_lifts_the_low_ones():
+    """Lower numbers go first whatever their arrival; among equals the oldest; a row rises a
+    level for every priority_aging_s (10 s) it has waited, so priority 3 that waited 31 s goes
+    before priority 0 that just came, and 29 s is not enough."""
+    # rows=1: each pick is the one row that goes first.
+    assert select([10, 11, 12], rows=1, priorities=[2, 0, 1])[0] == [11]
+    assert select([10, 11, 12], rows=1, priorities=[1, 1, 1], waited=[1, 3, 2])[0] == [11]
+    assert select([10, 11], rows=1, priorities=[3, 0], waited=[31, 0])[0] == [10]
+    assert select([10, 11], rows=1, priorities=[3, 0], waited=[29, 0])[0] == [11]
+    # The rows closest in length join the first, whatever their priority.
+    assert select([50, 10, 49], rows=2, priorities=[5, 0, 5])[0] == [10, 49]
+
+
+def test_a_row_whose_deadline_ends_before_its_call_would_is_answered_504_unrun():
+    """With a call measured to take 100 ms (the cycle), a row due in 50 ms is dropped before
+    the call (504, counted expired) and the others run."""
+    batch, left, items = select(
+        [20, 21, 22], rows=8, deadlines=[60, 0.05, 60], cycle_s=0.1, split=False
+    )
+    assert batch == [20, 22] and left == []
+    with pytest.raises(DeadlineExceeded, match="timeout ends before its call"):
+        items[1].future.result()
+
+
+def test_a_requests_own_timeout_answers_504_on_time_and_costs_no_model_time():
+    """Behind a 300 ms call, a request with a 50 ms deadline of its own gets its 504 at about
+    50 ms (its own timer, not the watchdog's 1 s period) and its row never reaches the model;
+    a row whose deadline passes during its call counts that call's time as unanswered."""
+
+    async def run():
+        backend = Counting(0.3)
+        metrics = Metrics()
+        batcher = Batcher("m", backend, Settings(), metrics, {"logits": "row"}, 0, None)
+        batcher.start()
+        row = Row(np.full(4, 5, np.int64), np.zeros(4, np.int64))
+        first = asyncio.ensure_future(batcher.submit([row], deadline=time.monotonic() + 0.1))
+        await asyncio.sleep(0.01)  # the first call has begun: 300 ms
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            await batcher.submit([row], priority=0, deadline=started + 0.05)
+        waited = time.monotonic() - started
+        with pytest.raises(DeadlineExceeded):
+            await first  # its deadline passed during its call: answered 504, not late
+        await asyncio.sleep(0.35)  # the call ends; nothing else is run
+        await batcher.stop()
+        return waited, backend.calls, metrics
+
+    waited, calls, metrics = asyncio.run(run())
+    assert 0.04 < waited < 0.2
+    assert calls == 1  # the second row never ran
+    assert metrics.value("dropped", model="m", reason="expired") == 1
+    assert 0.25 < metrics.value("unanswered_model_seconds", model="m", reason="expired") < 0.5
+
+
+class Counting:
+    """A model that takes `seconds` a call and counts its calls."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.calls = seconds, 0
+
+    def run(self, feeds):
+        self.calls += 1
+        time.sleep(self.seconds)
+        return {"logits": np.zeros((len(feeds["input_ids"]), 2), np.float32)}
 
 
 def test_cancelled_and_expired_rows_are_dropped_before_compute():
