@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from bertserve.runtime.batching import Row, RowResult, gather, lower_priority
 from bertserve.runtime.tasks import Task
 from bertserve.runtime.tasks.common import ROUTE, checkpoint, deadline_check, unwatch, watch
-from bertserve.service.http.asgi import Gone
+from bertserve.service.http.asgi import NO_URGENCY, Gone, Urgency
 from bertserve.service.http.errors import (
     InvalidInput,
     NotFound,
@@ -46,6 +46,7 @@ async def handle(
     client: bytes = b"",
     slot: Slot | None = None,
     batch: bool = False,
+    urgency: Urgency = NO_URGENCY,
 ) -> Any:
     """The answer to one request, as JSON bytes; raises a RequestError (or pydantic's
     ValidationError, for a body that is not a `task.request`) for anything else. `stats`
@@ -59,16 +60,32 @@ async def handle(
     task whose answer to one input some client reads differently (`Task.nests_single_for`).
     `slot`: its place (service.state.Slot): a client batch moves to a queued place; a request
     of one input admitted past the in-flight cap is refused. `batch`: served as a client batch
-    whatever its inputs (a gRPC stream's messages, which are one client's batch)."""
+    whatever its inputs (a gRPC stream's messages, which are one client's batch). `urgency`: its
+    priority (a body's own `priority` field wins) and its own timeout, capped by
+    request_timeout_s: its rows are dropped, and it is answered 504, once that has passed."""
     settings = state.settings
     if "span" in stats:  # traced (service.tracing): where the body's reading ended
         stats["handler_at"] = time.perf_counter()
     gone = disconnected.done if isinstance(disconnected, asyncio.Future) else lambda: False
-    token = watch(deadline_check(time.monotonic() + settings.request_timeout_s, gone))
+    timeout = settings.request_timeout_s
+    if urgency.timeout_s is not None:
+        timeout = min(timeout, urgency.timeout_s)
+    deadline = time.monotonic() + timeout
+    token = watch(deadline_check(deadline, gone))
     route = ROUTE.set(task.path)  # a 413 for an over-long input speaks this route's syntax
     try:
         return await _handle(
-            state, task, body, model_name, stats, disconnected, client, slot, batch
+            state,
+            task,
+            body,
+            model_name,
+            stats,
+            disconnected,
+            client,
+            slot,
+            batch,
+            urgency.priority,
+            deadline,
         )
     finally:
         ROUTE.reset(route)
@@ -89,6 +106,8 @@ class Call:
     stats: dict[str, Any]  # what the access log reports
     disconnected: Gone | None
     bulk: bool  # a client batch: its rows wait in the bulk lane
+    priority: int | None  # the batcher's (None: its default for the kind)
+    deadline: float  # time.monotonic
     rows: list[Row] = field(default_factory=list)
     prepared: Any = None
     results: list[RowResult] = field(default_factory=list)
@@ -104,6 +123,8 @@ async def _handle(
     client: bytes,
     slot: Slot | None,
     batch: bool,
+    priority: int | None,
+    deadline: float,
 ) -> Any:
     request = body if isinstance(body, task.request) else task.request.model_validate(body)
     for attempt in range(3):  # with a memory budget, loaded on demand (service.control);
@@ -118,7 +139,19 @@ async def _handle(
         model.used = time.monotonic()
     model.users += 1  # a model replaced or unloaded meanwhile is retired once this is answered
     try:
-        return await _serve(state, task, request, model, stats, disconnected, client, slot, batch)
+        return await _serve(
+            state,
+            task,
+            request,
+            model,
+            stats,
+            disconnected,
+            client,
+            slot,
+            batch,
+            priority,
+            deadline,
+        )
     finally:
         model.users -= 1
 
@@ -133,6 +166,8 @@ async def _serve(
     client: bytes,
     slot: Slot | None,
     batch: bool,
+    priority: int | None,
+    deadline: float,  # time.monotonic
 ) -> Any:
     settings = state.settings
     items, single = task.inputs(request)
@@ -155,7 +190,11 @@ async def _serve(
             slot.batch()  # waits in the bulk lane; its in-flight slot goes to single requests
     elif slot is not None and slot.queued:  # past the in-flight cap only a client batch waits
         await refuse(state, slot, state.admission.crowded)
-    call = Call(state, task, model, request, items, single, stats, disconnected, bulk)
+    own = getattr(request, "priority", None)  # Cohere's and vLLM's body field, where it has one
+    priority = own if isinstance(own, int) else priority
+    call = Call(
+        state, task, model, request, items, single, stats, disconnected, bulk, priority, deadline
+    )
     cost = task.check_cost(model.ctx, items, request, settings)
     if cost <= settings.inline_cost:
         return await _run(call, off_loop=False)
@@ -217,7 +256,9 @@ async def _run(call: Call, off_loop: bool) -> Any:
         trace = RowTrace(call.stats["tracing"], call.stats["span"].get_span_context())
         for r in rows:
             r.trace = trace
-    call.results = results = await submit(model, rows, call.disconnected, bulk=bulk)
+    call.results = results = await submit(
+        model, rows, call.disconnected, bulk, call.priority, call.deadline
+    )
     t2 = time.perf_counter()
     if traced:
         call.stats["answered_at"] = t2
@@ -302,7 +343,12 @@ def pick_model(state: ServiceState, task: Task, request: Any, query_name: str | 
 
 
 async def submit(
-    model: Model, rows: list[Row], disconnected: Gone | None, bulk: bool = False
+    model: Model,
+    rows: list[Row],
+    disconnected: Gone | None,
+    bulk: bool = False,
+    priority: int | None = None,
+    deadline: float | None = None,
 ) -> list[RowResult]:
     """Queue the rows; if the client goes away first, cancel them (they cost no compute).
     `disconnected`: a future the server completes when the connection is lost (bertserve's
@@ -310,7 +356,7 @@ async def submit(
     no rows (an inference-free sparse query: runtime/tasks/sparse.py) needs no model call."""
     if not rows:
         return []
-    futures = model.batcher.enqueue(rows, bulk)
+    futures = model.batcher.enqueue(rows, bulk, priority, deadline)
     if disconnected is None or isinstance(disconnected, asyncio.Future):
         return await gather(futures, disconnected)
     watch = asyncio.ensure_future(disconnected())

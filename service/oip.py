@@ -25,6 +25,7 @@ import orjson
 
 from bertserve.runtime.tasks import TASKS, Task
 from bertserve.service.handler import handle
+from bertserve.service.http.asgi import NO_URGENCY, Urgency, parse_urgency
 from bertserve.service.http.errors import InvalidInput, NotFound
 from bertserve.service.models import Model
 from bertserve.service.state import ServiceState
@@ -36,7 +37,10 @@ except distribution.PackageNotFoundError:  # run from a tree that is not install
     VERSION = "0+unknown"
 INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
 # Request parameters that belong to the protocol (the binary data extension), not to a route.
-PROTOCOL_PARAMETERS = frozenset({"binary_data_output", "binary_data", "binary_data_size"})
+# (`priority` and `timeout`, in microseconds, are Triton's request parameters: the queue's.)
+PROTOCOL_PARAMETERS = frozenset(
+    {"binary_data_output", "binary_data", "binary_data_size", "priority", "timeout"}
+)
 NUMPY = {
     "BOOL": np.bool_,
     "INT32": np.int32,
@@ -380,8 +384,30 @@ async def infer(
     body = body_of(found, texts, parameters)
     if asked is not None:  # the names are checked before any work
         outputs_of_names(found, asked)
+    context["urgency"] = urgency_of(parameters, context.get("urgency", NO_URGENCY))
     answer = await handle(state, found.task, body, found.model.name, stats, **context)
     return outputs_of(found, orjson.loads(answer), rows, asked)
+
+
+def urgency_of(parameters: dict[str, Any], given: Urgency) -> Urgency:
+    """The request's `priority` and `timeout` (microseconds) parameters, as Triton's, over what
+    its headers or metadata gave (`given`)."""
+    priority, timeout = parameters.get("priority"), parameters.get("timeout")
+    if priority is None and timeout is None:
+        return given
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)):
+        raise InvalidInput(f"parameter timeout must be a number of microseconds; got {timeout!r}")
+    if timeout is not None and timeout <= 0:
+        raise InvalidInput(f"parameter timeout must be positive (microseconds); got {timeout!r}")
+    asked = parse_urgency(
+        None if priority is None else str(priority),
+        None if timeout is None else str(timeout / 1000),
+        ("parameter priority", "parameter timeout"),
+    )
+    return Urgency(
+        asked.priority if priority is not None else given.priority,
+        asked.timeout_s if timeout is not None else given.timeout_s,
+    )
 
 
 def outputs_of_names(found: Endpoint, asked: list[str]) -> None:

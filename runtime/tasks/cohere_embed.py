@@ -13,7 +13,7 @@ with the `embed` task: several vector types of the same texts from one pass.
   NONE refuses it (413). `max_tokens` cuts each text to at most that many word pieces first,
   from the same end, at a word boundary (the pieces kept are those the whole text has there);
   with NONE a text over it is a 413.
-The vectors are unit vectors (Cohere's are); `priority` is accepted and not yet acted on.
+The vectors are unit vectors (Cohere's are); `priority` orders the queue (runtime.batching).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pydantic import BaseModel, BeforeValidator, Field
 
 from bertserve.runtime.batching import Row, RowResult
 from bertserve.runtime.errors import TooLarge
-from bertserve.runtime.schemas import WHOLE, Request, Text
+from bertserve.runtime.schemas import PRIORITY_TEXT, WHOLE, Priority, Request, Text
 from bertserve.runtime.tasks.chunks import Groups
 from bertserve.runtime.tasks.common import (
     Direction,
@@ -81,7 +81,7 @@ class CohereEmbedRequest(Request):
         None, description="cut each text to this many word pieces (from the end truncate says)"
     )
     truncate: Literal["NONE", "START", "END"] = "END"
-    priority: int | None = Field(None, description="accepted, not yet acted on")
+    priority: Priority = Field(None, description=PRIORITY_TEXT)
     images: NotServed = Field(None, description="not served: text only")
     inputs: NotServed = Field(None, description="not served: send `texts`")
 

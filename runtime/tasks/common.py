@@ -505,7 +505,10 @@ def deadline_check(deadline: float, gone: Callable[[], bool]) -> Callable[[], No
         if gone():
             raise ClientGone("client closed the connection")
         if time.monotonic() > deadline:
-            raise DeadlineExceeded("the request ran past its deadline (request_timeout_s)")
+            raise DeadlineExceeded(
+                "the request ran past its deadline (its X-Request-Timeout-Ms, else "
+                "request_timeout_s)"
+            )
 
     return check
 

@@ -29,7 +29,16 @@ from pydantic import BaseModel, Field
 
 from bertserve.runtime.batching import Row, RowResult
 from bertserve.runtime.errors import InvalidInput, TooLarge
-from bertserve.runtime.schemas import CLOSED, STRICT, WHOLE, Params, Request, Text
+from bertserve.runtime.schemas import (
+    CLOSED,
+    PRIORITY_TEXT,
+    STRICT,
+    WHOLE,
+    Params,
+    Priority,
+    Request,
+    Text,
+)
 from bertserve.runtime.tasks.chunks import (
     DEFAULT_CHUNK_TOKENS,
     DEFAULT_OVERLAP_TOKENS,
@@ -135,6 +144,9 @@ class OpenAIEmbeddingsRequest(Request):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Dimensions = None
     user: str | None = Field(None, description="accepted and ignored")
+    priority: Priority = Field(
+        None, description=PRIORITY_TEXT
+    )  # vLLM's field: OpenAI's API has no such field
     truncate: Truncate = None  # an extension: OpenAI's API has no such field
     long_input: LongInputField = None  # an extension too
     # Jina's embeddings API: the same route with more fields (langchain's JinaEmbeddings).

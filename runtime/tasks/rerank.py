@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bertserve.runtime.batching import Row, RowResult
 from bertserve.runtime.errors import InvalidInput
-from bertserve.runtime.schemas import WHOLE, Request, Text
+from bertserve.runtime.schemas import PRIORITY_TEXT, WHOLE, Priority, Request, Text
 from bertserve.runtime.tasks.chunks import (
     BEST_OVERLAP_TOKENS,
     Groups,
@@ -147,7 +147,7 @@ class CohereRerankRequest(Request):
         "BERTSERVE_LONG_INPUT, its error read as truncate (Cohere's API never refuses a long "
         "document)",
     )
-    priority: int | None = Field(None, description="accepted and ignored (Cohere v2)")
+    priority: Priority = Field(None, description=PRIORITY_TEXT)
 
 
 class CohereResult(BaseModel):

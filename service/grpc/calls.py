@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 from pydantic import ValidationError
 
+from bertserve.service.http.asgi import Urgency, parse_urgency
 from bertserve.service.http.auth import check_key
 from bertserve.service.http.errors import (
     InvalidInput,
@@ -41,6 +42,24 @@ STATUS = {
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
+
+
+def urgency(context: grpc.aio.ServicerContext) -> Urgency:
+    """A call's priority and timeout: the metadata `x-request-priority` and
+    `x-request-timeout-ms` (as HTTP's headers), the timeout capped by the call's own gRPC
+    deadline."""
+    metadata = dict(context.invocation_metadata() or ())
+    priority, timeout = metadata.get("x-request-priority"), metadata.get("x-request-timeout-ms")
+    asked = parse_urgency(
+        priority if isinstance(priority, str) else None,
+        timeout if isinstance(timeout, str) else None,
+        ("metadata x-request-priority", "metadata x-request-timeout-ms"),
+    )
+    remaining = context.time_remaining()  # None: the client set no deadline
+    seconds = asked.timeout_s
+    if remaining is not None:
+        seconds = remaining if seconds is None else min(seconds, remaining)
+    return Urgency(asked.priority, seconds)
 
 
 def code_of(error: RequestError) -> grpc.StatusCode:

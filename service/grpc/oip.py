@@ -13,7 +13,7 @@ import numpy as np
 from bertserve.service import oip
 from bertserve.service.grpc import grpc_predict_v2_pb2 as pb
 from bertserve.service.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
-from bertserve.service.grpc.calls import abort, admitted_call
+from bertserve.service.grpc.calls import abort, admitted_call, urgency
 from bertserve.service.http.errors import InvalidInput, RequestError
 from bertserve.service.oip import VERSION
 from bertserve.service.state import ServiceState
@@ -124,6 +124,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 asked,
                 stats,
                 slot=slot,
+                urgency=urgency(context),
             )
             return pb.ModelInferResponse(
                 model_name=found.name,

@@ -29,7 +29,7 @@ import orjson
 from bertserve.runtime.tasks import TASKS
 from bertserve.service.grpc import tei_pb2 as pb
 from bertserve.service.grpc import tei_pb2_grpc as pb_grpc
-from bertserve.service.grpc.calls import admitted_call
+from bertserve.service.grpc.calls import admitted_call, urgency
 from bertserve.service.handler import handle
 from bertserve.service.http import routes
 from bertserve.service.oip import VERSION
@@ -81,7 +81,14 @@ class Base:
         batch = STREAMED.get()  # a stream's message: one row of the client's batch
         async with admitted_call(self.state, context, route, size, batch, stats) as slot:
             answer = await handle(
-                self.state, TASKS[route], body, model_of(context), stats, slot=slot, batch=batch
+                self.state,
+                TASKS[route],
+                body,
+                model_of(context),
+                stats,
+                slot=slot,
+                batch=batch,
+                urgency=urgency(context),
             )
         return orjson.loads(answer), metadata(stats, chars, started)
 

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from starlette.types import Message, Receive, Scope
+
+from bertserve.runtime.schemas import PRIORITIES
+from bertserve.service.http.errors import InvalidInput
 
 if TYPE_CHECKING:
     from bertserve.service.state import Slot
@@ -68,3 +73,63 @@ def admitted(scope: Scope) -> Slot | None:
     """The request's place, given by the protocol's gate (service.state.Slot); None where
     another server runs the app."""
     return scope.get("extensions", {}).get(ADMITTED)
+
+
+# A request's place among the queued work, where a body has no field for it (docs/api.md).
+HEADERS = ("X-Request-Priority", "X-Request-Timeout-Ms")
+
+
+@dataclass(frozen=True, slots=True)
+class Urgency:
+    """What a request asks of the queue: its priority (PRIORITIES, lower first; None: its
+    body's, else the settings' default for its kind) and its own timeout (None: the settings'
+    request_timeout_s, which also caps it)."""
+
+    priority: int | None = None
+    timeout_s: float | None = None
+
+
+def parse_urgency(
+    priority: str | None, timeout_ms: str | None, names: tuple[str, str] = HEADERS
+) -> Urgency:
+    """An Urgency from the text of its two values (headers, gRPC metadata: `names`);
+    InvalidInput (400) naming what is wrong otherwise."""
+    low, high = PRIORITIES
+    value: int | None = None
+    if priority is not None:
+        try:
+            value = int(priority.strip())
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise InvalidInput(
+                f"{names[0]} must be an integer from {low} (served first) to "
+                f"{high}; got {priority[:40]!r}"
+            )
+    seconds: float | None = None
+    if timeout_ms is not None:
+        try:
+            seconds = float(timeout_ms.strip()) / 1000
+        except ValueError:
+            seconds = None
+        if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+            raise InvalidInput(
+                f"{names[1]} must be a positive number of milliseconds; got {timeout_ms[:40]!r}"
+            )
+    return Urgency(value, seconds)
+
+
+def urgency(scope: Scope) -> Urgency:
+    """The request's X-Request-Priority and X-Request-Timeout-Ms headers (parse_urgency)."""
+    priority = timeout = None
+    for name, value in scope["headers"]:
+        if name == b"x-request-priority":
+            priority = value.decode("latin-1")
+        elif name == b"x-request-timeout-ms":
+            timeout = value.decode("latin-1")
+    if priority is None and timeout is None:
+        return NO_URGENCY
+    return parse_urgency(priority, timeout)
+
+
+NO_URGENCY = Urgency()

@@ -23,7 +23,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from bertserve.runtime.tasks import TASKS
 from bertserve.service.admission import ROOT, root_task
 from bertserve.service.handler import handle
-from bertserve.service.http.asgi import admitted, disconnect_watch, replaying, user_agent
+from bertserve.service.http.asgi import (
+    admitted,
+    disconnect_watch,
+    replaying,
+    urgency,
+    user_agent,
+)
 from bertserve.service.http.errors import (
     RequestError,
     internal_error_response,
@@ -85,6 +91,7 @@ class FastPath:
                 disconnect_watch(scope, replay),
                 user_agent(scope),
                 admitted(scope),
+                urgency=urgency(scope),
             )
             response = Response(answer, media_type="application/json")
         except ValidationError as exc:

@@ -16,7 +16,7 @@ from starlette.types import Receive, Scope
 
 from bertserve.runtime import schemas
 from bertserve.service import oip
-from bertserve.service.http.asgi import admitted, disconnect_watch, user_agent
+from bertserve.service.http.asgi import admitted, disconnect_watch, urgency, user_agent
 from bertserve.service.http.errors import (
     InvalidInput,
     RequestError,
@@ -209,6 +209,7 @@ async def infer_response(
             disconnected=disconnect_watch(scope, receive),
             client=user_agent(scope),
             slot=admitted(scope),
+            urgency=urgency(scope),
         )
     except ValidationError as exc:
         return oip_error(InvalidInput(describe_validation(exc.errors())), state)

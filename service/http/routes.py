@@ -21,7 +21,7 @@ from bertserve.runtime.tasks import TASKS, Task, embed
 from bertserve.runtime.tasks.common import TaskContext
 from bertserve.service.admission import ROOT
 from bertserve.service.handler import handle
-from bertserve.service.http.asgi import admitted, disconnect_watch, user_agent
+from bertserve.service.http.asgi import admitted, disconnect_watch, urgency, user_agent
 from bertserve.service.http.errors import (
     Forbidden,
     InvalidInput,
@@ -100,6 +100,7 @@ def task_route(task: Task, body_type: Any = None, pick: Callable[[Any], Task] | 
             disconnect_watch(request.scope, request.receive),
             user_agent(request.scope),
             admitted(request.scope),
+            urgency=urgency(request.scope),
         )
         return Response(answer, media_type="application/json")
 
