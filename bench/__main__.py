@@ -83,6 +83,9 @@ MODES: dict[str, Mode] = {
     "tracing": Mode(
         "bench.experiments.frontdoors.tracing", "/embed with every request traced against none"
     ),
+    "deadlines": Mode(
+        "bench.experiments.traffic.deadlines", "short timeouts into a queue seconds deep"
+    ),
     "topology": Mode("bench.experiments.topology", "workers vs one engine process, A/B"),
 }
 

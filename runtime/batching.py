@@ -335,6 +335,9 @@ class Batcher:
         self.positions = positions
         self._items: list[_Item] = []
         self._bulk = 0  # rows of client batches among _items
+        # Interactive rows among _items that their own timer ended (_expire) since the last
+        # sweep (_select): no longer work, so admission does not count them.
+        self._expired = 0
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{name}")
         # Calls of client batches' rows alone run on a thread of lower OS priority: where they
@@ -420,7 +423,7 @@ class Batcher:
     def expected_wait_s(self) -> float:
         """How long the interactive rows queued would take to clear at the rate this model has
         been serving rows (0 before the first measured batch): they go before client batches'."""
-        interactive = len(self._items) - self._bulk
+        interactive = len(self._items) - self._bulk - self._expired
         return interactive / self.rows_per_s if self.rows_per_s else 0.0
 
     def work_s(self, rows: list[Row]) -> float:
@@ -454,10 +457,14 @@ class Batcher:
                 return f"model {self.name} has over {budget:g} s of client batches queued"
             return None
         limit = self.settings.max_queue_rows
-        if len(self._items) - self._bulk + rows > limit:
+        if len(self._items) - self._bulk - self._expired + rows > limit:
             return f"model {self.name} has {limit} sequences queued (the limit)"
         wait_ms = self.settings.max_queue_wait_ms
-        if wait_ms and self.depth > self._bulk and self.expected_wait_s * 1000 > wait_ms:
+        if (
+            wait_ms
+            and self.depth > self._bulk + self._expired
+            and self.expected_wait_s * 1000 > wait_ms
+        ):
             return f"model {self.name} has over {wait_ms:g} ms of work queued (the limit)"
         return None
 
@@ -509,9 +516,12 @@ class Batcher:
         """A request's own deadline: its rows still unanswered fail with a 504 (a row in the
         model's call is answered no more; queued ones are dropped before any model time)."""
         error = DeadlineExceeded(f"model {self.name}: no result within the request's timeout")
+        running = {id(item) for item in self._running}
         for item in items:
             if not item.future.done():
                 item.future.set_exception(error)
+                if not item.request.bulk and id(item) not in running:
+                    self._expired += 1  # still in _items until the next sweep
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -693,6 +703,7 @@ class Batcher:
             else 0.0
         )
         live = []
+        self._expired = 0  # this pass sweeps every row whose future is done
         for item in self._items:
             if item.future.done():  # its client left, or its own timer ended it (_expire)
                 self._dropped[dropped_reason(item.future)].inc()
@@ -717,7 +728,7 @@ class Batcher:
             else:
                 live.append(item)
         if not live:
-            self._items, self._bulk = [], 0
+            self._items, self._bulk, self._expired = [], 0, 0
             self._depth.set(0)
             return []
         # The row of the highest priority goes first, the oldest among equals (client batches
@@ -743,7 +754,9 @@ class Batcher:
             batch = batch[: cheapest_prefix([len(item.row) for item in batch], overhead)]
         # No model time for a row whose answer would come after its deadline: it is answered
         # 504 now (a short timeout of its own; rows of the default deadline, past it, went above).
-        ends = now + self.call_s(len(batch) * max(len(item.row) for item in batch))
+        # Twice the call's expected time: beside another worker's calls on shared cores a call
+        # took up to twice the estimate (bertserve bench deadlines).
+        ends = now + 2 * self.call_s(len(batch) * max(len(item.row) for item in batch))
         late = [item for item in batch if item.deadline < ends]
         for item in late:
             item.future.set_exception(
@@ -785,7 +798,7 @@ class Batcher:
         for item in self._items:
             if not item.future.done():
                 item.future.set_exception(error)
-        self._items, self._bulk = [], 0
+        self._items, self._bulk, self._expired = [], 0, 0
 
 
 def dropped_reason(future: asyncio.Future[RowResult]) -> str:

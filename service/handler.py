@@ -68,9 +68,10 @@ async def handle(
         stats["handler_at"] = time.perf_counter()
     gone = disconnected.done if isinstance(disconnected, asyncio.Future) else lambda: False
     timeout = settings.request_timeout_s
-    if urgency.timeout_s is not None:
-        timeout = min(timeout, urgency.timeout_s)
-    deadline = time.monotonic() + timeout
+    own = urgency.timeout_s is not None and urgency.timeout_s < timeout
+    if own:  # a timeout of its own, from when the app first saw the request
+        timeout = urgency.timeout_s  # type: ignore[assignment]
+    deadline = (urgency.since if own and urgency.since else time.monotonic()) + timeout
     token = watch(deadline_check(deadline, gone))
     route = ROUTE.set(task.path)  # a 413 for an over-long input speaks this route's syntax
     try:
@@ -85,7 +86,7 @@ async def handle(
             slot,
             batch,
             urgency.priority,
-            deadline,
+            deadline if own else None,
         )
     finally:
         ROUTE.reset(route)
@@ -107,7 +108,7 @@ class Call:
     disconnected: Gone | None
     bulk: bool  # a client batch: its rows wait in the bulk lane
     priority: int | None  # the batcher's (None: its default for the kind)
-    deadline: float  # time.monotonic
+    deadline: float | None  # its own (time.monotonic), else None: request_timeout_s's
     rows: list[Row] = field(default_factory=list)
     prepared: Any = None
     results: list[RowResult] = field(default_factory=list)
@@ -124,7 +125,7 @@ async def _handle(
     slot: Slot | None,
     batch: bool,
     priority: int | None,
-    deadline: float,
+    deadline: float | None,
 ) -> Any:
     request = body if isinstance(body, task.request) else task.request.model_validate(body)
     for attempt in range(3):  # with a memory budget, loaded on demand (service.control);
@@ -167,7 +168,7 @@ async def _serve(
     slot: Slot | None,
     batch: bool,
     priority: int | None,
-    deadline: float,  # time.monotonic
+    deadline: float | None,  # time.monotonic
 ) -> Any:
     settings = state.settings
     items, single = task.inputs(request)

@@ -407,6 +407,7 @@ def urgency_of(parameters: dict[str, Any], given: Urgency) -> Urgency:
     return Urgency(
         asked.priority if priority is not None else given.priority,
         asked.timeout_s if timeout is not None else given.timeout_s,
+        given.since,
     )
 
 

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bertserve.runtime.tasks import TASKS
 from bertserve.service.grpc import server as grpc
-from bertserve.service.http.asgi import ADMITTED, SAFE_ID, replaying
+from bertserve.service.http.asgi import ADMITTED, ARRIVED, SAFE_ID, replaying
 from bertserve.service.http.auth import (
     MANAGEMENT,
     MANAGEMENT_PREFIX,
@@ -196,7 +196,8 @@ class RequestContext:
         headers = dict(scope["headers"])
         given = headers.get(b"x-request-id", b"").decode("latin-1")
         request_id = given if SAFE_ID.fullmatch(given) else uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
+        state = scope.setdefault("state", {})
+        state["request_id"], state[ARRIVED] = request_id, time.monotonic()
         status = 500
         started = time.perf_counter()
 

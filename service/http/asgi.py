@@ -29,6 +29,10 @@ CONNECTION_LOST = "bertserve.connection_lost"
 # (ServiceState.admit): the middleware then does not decide again.
 ADMITTED = "bertserve.admitted"
 
+# The scope state key of when the app's outermost middleware first saw the request
+# (time.monotonic): where a request's own timeout counts from.
+ARRIVED = "arrived"
+
 Disconnected = Callable[[], Awaitable[None]]  # completes when the client goes away
 # What tells a waiting request that its client went away (service.handler.submit).
 Gone = asyncio.Future[None] | Disconnected
@@ -87,6 +91,7 @@ class Urgency:
 
     priority: int | None = None
     timeout_s: float | None = None
+    since: float | None = None  # when the timeout began (time.monotonic); None: at the handler
 
 
 def parse_urgency(
@@ -120,16 +125,19 @@ def parse_urgency(
 
 
 def urgency(scope: Scope) -> Urgency:
-    """The request's X-Request-Priority and X-Request-Timeout-Ms headers (parse_urgency)."""
+    """The request's X-Request-Priority and X-Request-Timeout-Ms headers (parse_urgency), its
+    timeout counted from when the app first saw it (ARRIVED in its state)."""
     priority = timeout = None
     for name, value in scope["headers"]:
         if name == b"x-request-priority":
             priority = value.decode("latin-1")
         elif name == b"x-request-timeout-ms":
             timeout = value.decode("latin-1")
+    arrived = scope.get("state", {}).get(ARRIVED)
     if priority is None and timeout is None:
-        return NO_URGENCY
-    return parse_urgency(priority, timeout)
+        return NO_URGENCY if arrived is None else Urgency(since=arrived)
+    asked = parse_urgency(priority, timeout)
+    return Urgency(asked.priority, asked.timeout_s, arrived)
 
 
 NO_URGENCY = Urgency()

@@ -200,6 +200,32 @@ def test_a_requests_own_timeout_answers_504_on_time_and_costs_no_model_time():
     assert 0.25 < metrics.value("unanswered_model_seconds", model="m", reason="expired") < 0.5
 
 
+def test_rows_their_own_timer_ended_no_longer_count_against_admission():
+    """Behind a 300 ms call, two rows of a 20 ms timeout fill a queue of two; once their
+    timers end them they are no work, and the next request is admitted before any sweep."""
+
+    async def run():
+        batcher = Batcher(
+            "m", Counting(0.3), Settings(max_queue_rows=2), Metrics(), {"logits": "row"}, 0, None
+        )
+        batcher.start()
+        row = Row(np.full(4, 5, np.int64), np.zeros(4, np.int64))
+        first = asyncio.ensure_future(batcher.submit([row]))
+        await asyncio.sleep(0.01)  # the first call has begun
+        short = [batcher.enqueue([row], deadline=time.monotonic() + 0.02)[0] for _ in range(2)]
+        full = batcher.refusal()
+        await asyncio.sleep(0.05)  # their timers have run; the call has not ended
+        after = batcher.refusal()
+        await first
+        await batcher.stop()
+        return full, after, [type(f.exception()) for f in short]
+
+    full, after, errors = asyncio.run(run())
+    assert full == "model m has 2 sequences queued (the limit)"
+    assert after is None
+    assert errors == [DeadlineExceeded, DeadlineExceeded]
+
+
 class Counting:
     """A model that takes `seconds` a call and counts its calls."""
 

@@ -1,0 +1,1 @@
+"""Live traffic first: priorities, deadlines and shares under mixed load."""
