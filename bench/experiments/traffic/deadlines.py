@@ -27,7 +27,6 @@ from bench.inputs import write_bodies
 from bench.run import commit
 from bench.servers import OURS, linked_bundles, serve
 
-
 READING = """The client's clock starts before the server sees a request and stops after its
 answer is written: a 200 that the server's last deadline check passed (after the answer is
 made, before it is written) can still reach the client after its timeout while the event loop
