@@ -86,6 +86,9 @@ MODES: dict[str, Mode] = {
     "deadlines": Mode(
         "bench.experiments.traffic.deadlines", "short timeouts into a queue seconds deep"
     ),
+    "mixed": Mode(
+        "bench.experiments.traffic.mixed", "an indexer beside an interactive client, each alone"
+    ),
     "topology": Mode("bench.experiments.topology", "workers vs one engine process, A/B"),
 }
 

@@ -8,15 +8,18 @@ holds at most `max_queue_wait_ms` of their work and go first into every batch; c
 instead of being refused at that bound.
 
 When the model is free, the batching loop takes what is queued: batches form while the model
-is busy, so a lone request never waits for company and a loaded server runs full batches.
+is busy, so a lone request never waits for company and a loaded server runs full batches. A call
+holding only client batches' rows runs in a lane of its own, beside the loop's other calls (one
+such call at a time, on its own thread, niced): a request of one input never waits for an
+indexer's call to end.
 With `max_wait_ms` > 0 it also waits, up to that long after the oldest row arrived, for a batch
 to fill (row cap or token budget). It drops rows whose request was cancelled (client gone),
 whose deadline passed or would pass before the call ends (504: a request's own timeout, capped
 by `request_timeout_s`), or whose first call would end past `max_queue_time_ms` (429 with
 Retry-After: admission's estimate of the wait was outrun), and picks the row of the highest
 priority (`PRIORITIES`: lower is first; a row rises a level for every `priority_aging_s` it has
-waited, so none starves; the oldest among equals) plus the rows closest to it in length, so
-padding stays small. It stops adding
+waited, so none starves; the oldest among equals) plus the rows of its priority or above
+closest to it in length, so padding stays small. It stops adding
 rows where the padding they bring costs more model time than another call would (`CallCost`,
 measured as it serves): a client batch of sentences of every length runs as a few calls of
 similar lengths, not one call padded to its longest. The model runs on a single worker thread;
@@ -340,23 +343,26 @@ class Batcher:
         self._expired = 0
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{name}")
-        # Calls of client batches' rows alone run on a thread of lower OS priority: where they
-        # share the cores with interactive work (another model's call, the event loop), the
-        # kernel gives that work the CPU first; alone, they run as fast (bulk_nice).
+        # Calls of client batches' rows alone run in their own lane, on a thread of their own
+        # (_loop), of lower OS priority: where they share the cores with interactive work (this
+        # model's own calls, another model's, the event loop), the kernel gives that work the
+        # CPU first; alone, they run as fast (bulk_nice).
         nice = settings.bulk_nice
-        self._bulk_executor = (
-            ThreadPoolExecutor(
-                max_workers=1,
-                thread_name_prefix=f"bulk-{name}",
-                initializer=lower_priority,
-                initargs=(nice,),
-            )
-            if nice
-            else self._executor
+        self._bulk_executor = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix=f"bulk-{name}",
+            initializer=lower_priority,
+            initargs=(nice,),  # 0: as it is
         )
         self._task: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._running: list[_Item] = []  # the batch the model has now
+        # Client batches' lane: a call holding only their rows runs beside the main loop's
+        # calls (its own thread), so a request of one input never waits for one to end (an
+        # engine process's client still sends one call at a time).
+        self._lane: asyncio.Task[None] | None = None
+        self._lane_running: list[_Item] = []
+        self._cycle_start = time.monotonic()
         self._stopping = False
         self.restarts = 0
         self.consecutive_failures = 0  # model calls that raised since the last that did not
@@ -406,12 +412,15 @@ class Batcher:
 
     async def stop(self) -> None:
         self._stopping = True
-        tasks = [t for t in (self._task, self._watchdog) if t is not None]
+        tasks = [t for t in (self._task, self._watchdog, self._lane) if t is not None]
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         self._fail_all(NotReady("shutting down"))
+        for item in (*self._running, *self._lane_running):
+            if not item.future.done():
+                item.future.set_exception(NotReady("shutting down"))
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._bulk_executor.shutdown(wait=False, cancel_futures=True)
 
@@ -516,7 +525,7 @@ class Batcher:
         """A request's own deadline: its rows still unanswered fail with a 504 (a row in the
         model's call is answered no more; queued ones are dropped before any model time)."""
         error = DeadlineExceeded(f"model {self.name}: no result within the request's timeout")
-        running = {id(item) for item in self._running}
+        running = {id(item) for item in (*self._running, *self._lane_running)}
         for item in items:
             if not item.future.done():
                 item.future.set_exception(error)
@@ -527,102 +536,127 @@ class Batcher:
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
-        cycle_start = time.monotonic()
+        self._cycle_start = time.monotonic()
         while True:
-            if not self._items:
+            if not self._items or (self._lane is not None and self._bulk == len(self._items)):
+                # Nothing queued, or only client batches' rows while their lane's call runs.
                 self._wake.clear()
                 await self._wake.wait()
-                cycle_start = time.monotonic()  # idle time is not serving time
+                if self._lane is None:
+                    self._cycle_start = time.monotonic()  # idle time is not serving time
+                continue
             await self._fill()
-            batch = self._select()
+            batch = self._select(interactive_only=self._lane is not None)
             if not batch:
                 continue
-            feeds, lengths = self._pad(batch)
-            # Calls that may take every core (the backend's lone session): a lone row (nothing
-            # queued behind it) of the only request in flight anywhere, and client batches' rows
-            # while no other process on these cores has a request in flight. A 2,048-text request
-            # on one worker's one thread ran at 0.61x the rate of the same texts as 64 requests
-            # spread over both workers (bertserve bench clients), and 8 connections of 16-text
-            # batches read 152-166 sentences/s in half of six server starts, 300-315 in the
-            # others, as if one worker did all the work (301-305 in four starts with this).
-            # So do the rows of one request (a long document's chunks, a long text's windows)
-            # while it is the only request in flight anywhere.
-            lone = len(batch) == 1 and not self._items
-            bulk = all(item.request.bulk for item in batch)
-            one = all(item.request is batch[0].request for item in batch)
-            alone = getattr(self.backend, "runs_alone", False) and (
-                (one and self.activity.alone()) or (bulk and self.activity.others_idle())
-            )
-            started = time.monotonic()
+            if all(item.request.bulk for item in batch):
+                # A call of client batches' rows only runs in their own lane, so that the rows
+                # of requests of one input never wait for it (bertserve bench mixed).
+                self._lane = loop.create_task(self._call(batch, lane=True))
+                self._lane.add_done_callback(self._lane_done)
+                continue
+            await self._call(batch)
+
+    def _lane_done(self, task: asyncio.Task[None]) -> None:
+        self._lane = None
+        self._wake.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a client-batch call of %s failed: %r", self.name, task.exception())
+
+    async def _call(self, batch: list[_Item], lane: bool = False) -> None:
+        """One model call for `batch`: its rows' results (or the call's error) handed out, and
+        what it measured noted. `lane`: in the client batches' lane, beside the main one."""
+        loop = asyncio.get_running_loop()
+        feeds, lengths = self._pad(batch)
+        # Calls that may take every core (the backend's lone session): a lone row (nothing
+        # queued behind it) of the only request in flight anywhere, and client batches' rows
+        # while no other process on these cores has a request in flight. A 2,048-text request
+        # on one worker's one thread ran at 0.61x the rate of the same texts as 64 requests
+        # spread over both workers (bertserve bench clients), and 8 connections of 16-text
+        # batches read 152-166 sentences/s in half of six server starts, 300-315 in the
+        # others, as if one worker did all the work (301-305 in four starts with this).
+        # So do the rows of one request (a long document's chunks, a long text's windows)
+        # while it is the only request in flight anywhere.
+        lone = len(batch) == 1 and not self._items
+        bulk = all(item.request.bulk for item in batch)
+        one = all(item.request is batch[0].request for item in batch)
+        alone = getattr(self.backend, "runs_alone", False) and (
+            (one and self.activity.alone()) or (bulk and self.activity.others_idle())
+        )
+        started = time.monotonic()
+        if lane:
+            self._lane_running = batch
+        else:
             self._running = batch
-            if alone:
-                self._lone_calls.inc()
-            extra = tuple(sorted({name for item in batch for name in item.row.wants}))
-            # A call with on-demand outputs (a head graph's: a vocabulary-wide product at every
-            # position; the token states) goes to the model's thread: the token rate measured
-            # is that of calls without them.
-            inline = alone and lone and not extra and self.lone_cost.inline(feeds)
-            try:
-                if inline:  # on this thread: no hand-off to the model's thread and back
-                    outputs, call_s = self._run(feeds, alone, extra)
-                else:
-                    executor = self._bulk_executor if bulk else self._executor
-                    outputs, call_s = await loop.run_in_executor(
-                        executor, self._run, feeds, alone, extra
-                    )
-            except Exception:  # the backend's failure fails this batch only
-                # The error's text stays in the log: it may name files or memory addresses.
-                log.exception("model %s failed a batch of %d", self.name, len(batch))
-                self._failed.inc()
-                self.consecutive_failures += 1
-                for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(
-                            BackendError(f"model {self.name} failed (logged with the request id)")
-                        )
-                continue
-            finally:
-                self._running = []
-            elapsed = time.monotonic() - started
-            self.consecutive_failures = 0
-            ended = started + elapsed
-            for item in batch:  # model time nobody receives: each such row's share of the call
-                if item.deadline < ended or item.future.done():
-                    reason = "expired" if item.deadline < ended else dropped_reason(item.future)
-                    self._unanswered[reason].inc(call_s / len(batch))
-            traced = self._traced(batch, feeds, elapsed) if self._any_traced(batch) else None
-            for i, item in enumerate(batch):
-                if item.future.done():
-                    continue
-                item.future.set_result(
-                    RowResult(
-                        self._slice(outputs, i, lengths[i], item.row),
-                        started - item.enqueued,
-                        elapsed,
-                        traced,
-                    )
+        if alone:
+            self._lone_calls.inc()
+        extra = tuple(sorted({name for item in batch for name in item.row.wants}))
+        # A call with on-demand outputs (a head graph's: a vocabulary-wide product at every
+        # position; the token states) goes to the model's thread: the token rate measured
+        # is that of calls without them.
+        inline = alone and lone and not extra and self.lone_cost.inline(feeds)
+        try:
+            if inline:  # on this thread: no hand-off to the model's thread and back
+                outputs, call_s = self._run(feeds, alone, extra)
+            else:
+                executor = self._bulk_executor if bulk else self._executor
+                outputs, call_s = await loop.run_in_executor(
+                    executor, self._run, feeds, alone, extra
                 )
-            now = time.monotonic()
-            if (
-                alone and lone and not extra
-            ):  # on more threads than a loaded server has: not its rate under
-                # load. A client batch's calls alone are measured: the bulk lane's time bound
-                # (refusal) needs a rate, and they may be all the model runs.
-                self.lone_cost.observe(feeds, call_s)
-                self.cost.note_large(feeds, call_s)
-                cycle_start = now
+        except Exception:  # the backend's failure fails this batch only
+            # The error's text stays in the log: it may name files or memory addresses.
+            log.exception("model %s failed a batch of %d", self.name, len(batch))
+            self._failed.inc()
+            self.consecutive_failures += 1
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(
+                        BackendError(f"model {self.name} failed (logged with the request id)")
+                    )
+            return
+        finally:
+            if lane:
+                self._lane_running = []
+            else:
+                self._running = []
+        elapsed = time.monotonic() - started
+        self.consecutive_failures = 0
+        ended = started + elapsed
+        for item in batch:  # model time nobody receives: each such row's share of the call
+            if item.deadline < ended or item.future.done():
+                reason = "expired" if item.deadline < ended else dropped_reason(item.future)
+                self._unanswered[reason].inc(call_s / len(batch))
+        traced = self._traced(batch, feeds, elapsed) if self._any_traced(batch) else None
+        for i, item in enumerate(batch):
+            if item.future.done():
                 continue
-            # Rows served per second of a whole cycle (waiting for the loop, padding, the model,
-            # handing out results): the rate the queue drains at, for admission (refusal()).
-            sample = len(batch) / max(now - cycle_start, 1e-6)
-            self.rows_per_s = (
-                sample if not self.rows_per_s else 0.8 * self.rows_per_s + 0.2 * sample
+            item.future.set_result(
+                RowResult(
+                    self._slice(outputs, i, lengths[i], item.row),
+                    started - item.enqueued,
+                    elapsed,
+                    traced,
+                )
             )
-            cycle = now - cycle_start
-            self.cycle_s = cycle if not self.cycle_s else 0.8 * self.cycle_s + 0.2 * cycle
-            self.cost.observe(feeds["input_ids"].size, call_s, cycle)
+        now = time.monotonic()
+        if (
+            alone and lone and not extra
+        ):  # on more threads than a loaded server has: not its rate under
+            # load. A client batch's calls alone are measured: the bulk lane's time bound
+            # (refusal) needs a rate, and they may be all the model runs.
+            self.lone_cost.observe(feeds, call_s)
             self.cost.note_large(feeds, call_s)
-            cycle_start = now
+            self._cycle_start = now
+            return
+        # Rows served per second of a whole cycle (waiting for the loop, padding, the model,
+        # handing out results): the rate the queue drains at, for admission (refusal()).
+        sample = len(batch) / max(now - self._cycle_start, 1e-6)
+        self.rows_per_s = sample if not self.rows_per_s else 0.8 * self.rows_per_s + 0.2 * sample
+        cycle = now - self._cycle_start
+        self.cycle_s = cycle if not self.cycle_s else 0.8 * self.cycle_s + 0.2 * cycle
+        self.cost.observe(feeds["input_ids"].size, call_s, cycle)
+        self.cost.note_large(feeds, call_s)
+        self._cycle_start = now
 
     @staticmethod
     def _any_traced(batch: list[_Item]) -> bool:
@@ -651,7 +685,7 @@ class Batcher:
         while True:
             await asyncio.sleep(period)
             now = time.monotonic()
-            for item in (*self._running, *self._items):
+            for item in (*self._running, *self._lane_running, *self._items):
                 if now > item.deadline and not item.future.done():
                     item.future.set_exception(DeadlineExceeded(error))
 
@@ -687,7 +721,9 @@ class Batcher:
             except TimeoutError:
                 return
 
-    def _select(self) -> list[_Item]:
+    def _select(self, interactive_only: bool = False) -> list[_Item]:
+        """The next call's rows (module docstring), after sweeping the queue; `interactive_only`
+        (the client batches' lane is busy): from requests of one input only, else none."""
         now = time.monotonic()
         # The bound is on when a request's first call ends: the batch chosen now ends about a
         # cycle from now, so a request that has waited past the limit (and the batch window)
@@ -731,13 +767,25 @@ class Batcher:
             self._items, self._bulk, self._expired = [], 0, 0
             self._depth.set(0)
             return []
+        eligible = [item for item in live if not item.request.bulk] if interactive_only else live
+        if not eligible:
+            self._items = live
+            self._bulk = sum(1 for item in live if item.request.bulk)
+            self._depth.set(len(live))
+            return []
         # The row of the highest priority goes first, the oldest among equals (client batches
         # wait behind requests of one input by their default priorities); a row rises a level
         # for every priority_aging_s it has waited, so no priority starves.
         aging = self.settings.priority_aging_s
-        first = min(live, key=lambda item: item.request.priority - (now - item.enqueued) / aging)
+        first = min(
+            eligible, key=lambda item: item.request.priority - (now - item.enqueued) / aging
+        )
         anchor = len(first.row)
-        others = [item for item in live if item is not first]
+        # Rows of a lower priority (a higher number) do not join: a call formed for an
+        # interactive row stays its size, not a client batch's (beside an indexer, single
+        # inputs otherwise waited for a full call of its rows: bertserve bench mixed).
+        level = first.request.priority
+        others = [item for item in eligible if item is not first and item.request.priority <= level]
         by_closeness = sorted(others, key=lambda item: abs(len(item.row) - anchor))
         batch, longest = [first], anchor
         for item in by_closeness:

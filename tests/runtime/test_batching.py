@@ -155,8 +155,10 @@ def test_the_highest_priority_goes_first_and_ageing_lifts_the_low_ones():
     assert select([10, 11, 12], rows=1, priorities=[1, 1, 1], waited=[1, 3, 2])[0] == [11]
     assert select([10, 11], rows=1, priorities=[3, 0], waited=[31, 0])[0] == [10]
     assert select([10, 11], rows=1, priorities=[3, 0], waited=[29, 0])[0] == [11]
-    # The rows closest in length join the first, whatever their priority.
-    assert select([50, 10, 49], rows=2, priorities=[5, 0, 5])[0] == [10, 49]
+    # Rows of its priority or above join the first, the closest in length; lower ones do not.
+    assert select([50, 10, 49, 12], rows=3, priorities=[5, 0, 5, 0])[0] == [10, 12]
+    # A low priority lifted first by ageing takes the higher ones with it.
+    assert select([50, 10, 49], rows=3, priorities=[5, 0, 0], waited=[60, 0, 0])[0] == [50, 49, 10]
 
 
 def test_a_row_whose_deadline_ends_before_its_call_would_is_answered_504_unrun():
