@@ -74,8 +74,8 @@ $(PYLATE_STAMP): tests/pylate/requirements.txt tests/pylate/constraints.txt | ch
 
 pylate: $(PYLATE_STAMP)
 
-# Triton's Python clients (tests/service/test_oip.py runs them against a real server) in a
-# virtualenv of their own: tritonclient pins ml-dtypes and protobuf below what onnx needs here.
+# Triton's Python clients (tests/service/frontdoors/test_oip.py runs them against a real
+# server) in a virtualenv of their own: tritonclient pins ml-dtypes and protobuf below what onnx needs here.
 TRITON_VENV ?= .venv-triton
 TRITON_STAMP := $(TRITON_VENV)/.installed
 $(TRITON_STAMP): tests/triton/requirements.txt tests/triton/constraints.txt | check-python

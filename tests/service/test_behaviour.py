@@ -280,7 +280,7 @@ def test_dead_batching_loop_is_restarted(bundle_dir):
         batcher = live.state.models["sentiment"].batcher
         original = batcher._select
 
-        def explode():
+        def explode(**options):
             batcher._select = original
             raise RuntimeError("injected bug in the batching loop")
 

@@ -221,7 +221,9 @@ def test_embed_all_past_the_answer_limit_is_413_before_the_model_runs(tmp_path_f
         batcher = live.state.models["minilm-embed"].batcher
         enqueue = batcher.enqueue
         calls: list[int] = []
-        batcher.enqueue = lambda rows, bulk=False: calls.append(len(rows)) or enqueue(rows, bulk)
+        batcher.enqueue = lambda rows, bulk=False, *rest: (
+            calls.append(len(rows)) or enqueue(rows, bulk, *rest)
+        )
         with live.client() as c:
             refused = c.post("/embed_all", json={"inputs": [TEXTS[1]] * 4})
             assert calls == []  # refused before any row was queued

@@ -156,7 +156,9 @@ def test_an_answer_past_the_limit_is_refused_before_the_work(server):
     batcher = server.state.models["bert-splade"].batcher
     enqueue = batcher.enqueue
     calls: list[int] = []
-    batcher.enqueue = lambda rows, bulk=False: calls.append(len(rows)) or enqueue(rows, bulk)
+    batcher.enqueue = lambda rows, bulk=False, *rest: (
+        calls.append(len(rows)) or enqueue(rows, bulk, *rest)
+    )
     try:
         with server.client() as c:
             big = c.post(

@@ -1,8 +1,9 @@
 """Triton's own Python clients against a running bertserve: run in .venv-triton by
-tests/service/test_oip.py as `python jobs.py HTTP_HOST:PORT GRPC_HOST:PORT CASES.json`. For
-each case (a model and its input texts by tensor name) it calls get_model_metadata and infer
-with tritonclient.http (binary tensors, the client's default) and tritonclient.grpc, and prints
-one JSON line: readiness, metadata and every output, decoded, from each client."""
+tests/service/frontdoors/test_oip.py as
+`python jobs.py HTTP_HOST:PORT GRPC_HOST:PORT CASES.json`. For each case (a model and its
+input texts by tensor name) it calls get_model_metadata and infer with tritonclient.http
+(binary tensors, the client's default) and tritonclient.grpc, and prints one JSON line:
+readiness, metadata and every output, decoded, from each client."""
 
 from __future__ import annotations
 

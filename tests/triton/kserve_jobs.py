@@ -1,7 +1,8 @@
 """KServe's own inference clients (the `kserve` SDK's InferenceRESTClient and
 InferenceGRPCClient, protocol v2) against a running bertserve: run in .venv-triton by
-tests/service/test_oip.py as `python kserve_jobs.py HTTP_URL GRPC_HOST:PORT CASES.json`. Prints
-one JSON line a case: each client's readiness and outputs, decoded."""
+tests/service/frontdoors/test_oip.py as
+`python kserve_jobs.py HTTP_URL GRPC_HOST:PORT CASES.json`. Prints one JSON line a case: each
+client's readiness and outputs, decoded."""
 
 from __future__ import annotations
 

@@ -185,7 +185,7 @@ def test_the_documented_grpc_snippet_runs(server):
     import io
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    text = (Path(__file__).resolve().parents[3] / "docs" / "api.md").read_text()
     section = text.split("## gRPC: text-embeddings-inference's tei.v1", 1)[1]
     block = section.split("```python\n", 1)[1].split("```", 1)[0]
     block = block.replace("localhost:8001", f"127.0.0.1:{server.state.grpc_port}")

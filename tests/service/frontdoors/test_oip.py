@@ -23,7 +23,7 @@ from tests.helpers.checkpoints import cross_encoder
 from tests.helpers.server import free_port, live_server
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PYTHON = Path(os.environ.get("BERTSERVE_TRITON_PYTHON", ROOT / ".venv-triton" / "bin" / "python"))
 KEY = "an-api-key-of-16-chars"
 TEXTS = ["the river runs past old mills", "john lives in paris"]
