@@ -18,7 +18,7 @@ whose deadline passed or would pass before the call ends (504: a request's own t
 by `request_timeout_s`), or whose first call would end past `max_queue_time_ms` (429 with
 Retry-After: admission's estimate of the wait was outrun), and picks the row of the highest
 priority (`PRIORITIES`: lower is first; a row rises a level for every `priority_aging_s` it has
-waited, so none starves; the oldest among equals) plus the rows of its priority or above
+waited; the oldest among equals) plus the rows of its kind and priority or above
 closest to it in length, so padding stays small. It stops adding
 rows where the padding they bring costs more model time than another call would (`CallCost`,
 measured as it serves): a client batch of sentences of every length runs as a few calls of
@@ -358,8 +358,10 @@ class Batcher:
         self._watchdog: asyncio.Task[None] | None = None
         self._running: list[_Item] = []  # the batch the model has now
         # Client batches' lane: a call holding only their rows runs beside the main loop's
-        # calls (its own thread), so a request of one input never waits for one to end (an
-        # engine process's client still sends one call at a time).
+        # calls (its own thread), so a request of one input never waits for one to end. Not
+        # for a backend that runs one call at a time (`serial`: an engine process's client),
+        # where a second call would only wait for the first and its time be measured as work.
+        self._lanes = not getattr(backend, "serial", False)
         self._lane: asyncio.Task[None] | None = None
         self._lane_running: list[_Item] = []
         self._cycle_start = time.monotonic()
@@ -412,13 +414,14 @@ class Batcher:
 
     async def stop(self) -> None:
         self._stopping = True
+        running = [*self._running, *self._lane_running]  # the calls' own cleanup empties these
         tasks = [t for t in (self._task, self._watchdog, self._lane) if t is not None]
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         self._fail_all(NotReady("shutting down"))
-        for item in (*self._running, *self._lane_running):
+        for item in running:
             if not item.future.done():
                 item.future.set_exception(NotReady("shutting down"))
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -503,7 +506,16 @@ class Batcher:
         deadline = deadline if deadline is not None and own else latest
         items = [_Item(row, loop.create_future(), deadline, request) for row in rows]
         if own:  # sooner than the watchdog's period may notice: its own timer, so 504 on time
-            loop.call_at(loop.time() + deadline - time.monotonic(), self._expire, items)
+            timer = loop.call_at(loop.time() + deadline - time.monotonic(), self._expire, items)
+            left = [len(items)]
+
+            def answered(_: object) -> None:  # the last row answered: the timer goes
+                left[0] -= 1
+                if not left[0]:
+                    timer.cancel()
+
+            for item in items:
+                item.future.add_done_callback(answered)
         self._items.extend(items)
         self._bulk += len(items) if bulk else 0
         self._depth.set(len(self._items))
@@ -538,24 +550,32 @@ class Batcher:
         loop = asyncio.get_running_loop()
         self._cycle_start = time.monotonic()
         while True:
-            if not self._items or (self._lane is not None and self._bulk == len(self._items)):
-                # Nothing queued, or only client batches' rows while their lane's call runs.
+            interactive = len(self._items) > self._bulk
+            lane_free = self._lane is None or not self._lanes
+            if not interactive and not (self._bulk and lane_free):
+                # Nothing to run: nothing queued, or only client batches' rows while their
+                # lane's call runs.
                 self._wake.clear()
                 await self._wake.wait()
-                if self._lane is None:
-                    self._cycle_start = time.monotonic()  # idle time is not serving time
+                self._cycle_start = time.monotonic()  # idle time is not serving time
                 continue
             await self._fill()
-            batch = self._select(interactive_only=self._lane is not None)
-            if not batch:
+            if not self._lanes:  # one call at a time, of any rows
+                batch = self._select()
+                if batch:
+                    await self._call(batch)
                 continue
-            if all(item.request.bulk for item in batch):
-                # A call of client batches' rows only runs in their own lane, so that the rows
-                # of requests of one input never wait for it (bertserve bench mixed).
-                self._lane = loop.create_task(self._call(batch, lane=True))
-                self._lane.add_done_callback(self._lane_done)
-                continue
-            await self._call(batch)
+            if self._lane is None and self._bulk:
+                # Client batches' rows run in their own lane, beside the calls of requests of
+                # one input, which never wait for them (bertserve bench mixed).
+                batch = self._select(bulk=True)
+                if batch:
+                    self._lane = loop.create_task(self._call(batch, lane=True))
+                    self._lane.add_done_callback(self._lane_done)
+            if len(self._items) > self._bulk:
+                batch = self._select(bulk=False)
+                if batch:
+                    await self._call(batch)
 
     def _lane_done(self, task: asyncio.Task[None]) -> None:
         self._lane = None
@@ -565,8 +585,22 @@ class Batcher:
 
     async def _call(self, batch: list[_Item], lane: bool = False) -> None:
         """One model call for `batch`: its rows' results (or the call's error) handed out, and
-        what it measured noted. `lane`: in the client batches' lane, beside the main one."""
+        what it measured noted. `lane`: in the client batches' lane, beside the main one. An
+        error outside the model's call (a bug) fails the batch's rows still unanswered, then
+        propagates: no row is left without an answer."""
+        try:
+            await self._run_batch(batch, lane)
+        except BaseException:
+            error = NotReady(f"model {self.name}: batching worker restarted, retry")
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(error)
+            raise
+
+    async def _run_batch(self, batch: list[_Item], lane: bool) -> None:
         loop = asyncio.get_running_loop()
+        # A cycle: from the end of the previous call of its lane (the lane's: its own start).
+        cycle_start = time.monotonic() if lane else self._cycle_start
         feeds, lengths = self._pad(batch)
         # Calls that may take every core (the backend's lone session): a lone row (nothing
         # queued behind it) of the only request in flight anywhere, and client batches' rows
@@ -646,17 +680,19 @@ class Batcher:
             # (refusal) needs a rate, and they may be all the model runs.
             self.lone_cost.observe(feeds, call_s)
             self.cost.note_large(feeds, call_s)
-            self._cycle_start = now
+            if not lane:
+                self._cycle_start = now
             return
         # Rows served per second of a whole cycle (waiting for the loop, padding, the model,
         # handing out results): the rate the queue drains at, for admission (refusal()).
-        sample = len(batch) / max(now - self._cycle_start, 1e-6)
+        sample = len(batch) / max(now - cycle_start, 1e-6)
         self.rows_per_s = sample if not self.rows_per_s else 0.8 * self.rows_per_s + 0.2 * sample
-        cycle = now - self._cycle_start
+        cycle = now - cycle_start
         self.cycle_s = cycle if not self.cycle_s else 0.8 * self.cycle_s + 0.2 * cycle
         self.cost.observe(feeds["input_ids"].size, call_s, cycle)
         self.cost.note_large(feeds, call_s)
-        self._cycle_start = now
+        if not lane:
+            self._cycle_start = now
 
     @staticmethod
     def _any_traced(batch: list[_Item]) -> bool:
@@ -721,9 +757,9 @@ class Batcher:
             except TimeoutError:
                 return
 
-    def _select(self, interactive_only: bool = False) -> list[_Item]:
-        """The next call's rows (module docstring), after sweeping the queue; `interactive_only`
-        (the client batches' lane is busy): from requests of one input only, else none."""
+    def _select(self, bulk: bool | None = None) -> list[_Item]:
+        """The next call's rows (module docstring), after sweeping the queue; `bulk`: only
+        client batches' rows (True: their lane's call), or none of them (False)."""
         now = time.monotonic()
         # The bound is on when a request's first call ends: the batch chosen now ends about a
         # cycle from now, so a request that has waited past the limit (and the batch window)
@@ -767,7 +803,7 @@ class Batcher:
             self._items, self._bulk, self._expired = [], 0, 0
             self._depth.set(0)
             return []
-        eligible = [item for item in live if not item.request.bulk] if interactive_only else live
+        eligible = live if bulk is None else [i for i in live if i.request.bulk == bulk]
         if not eligible:
             self._items = live
             self._bulk = sum(1 for item in live if item.request.bulk)

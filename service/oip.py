@@ -393,6 +393,8 @@ def urgency_of(parameters: dict[str, Any], given: Urgency) -> Urgency:
     """The request's `priority` and `timeout` (microseconds) parameters, as Triton's, over what
     its headers or metadata gave (`given`)."""
     priority, timeout = parameters.get("priority"), parameters.get("timeout")
+    if timeout == 0 and not isinstance(timeout, bool):  # Triton's 0: no timeout of its own
+        timeout = None
     if priority is None and timeout is None:
         return given
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)):
@@ -404,11 +406,10 @@ def urgency_of(parameters: dict[str, Any], given: Urgency) -> Urgency:
         None if timeout is None else str(timeout / 1000),
         ("parameter priority", "parameter timeout"),
     )
-    return Urgency(
-        asked.priority if priority is not None else given.priority,
-        asked.timeout_s if timeout is not None else given.timeout_s,
-        given.since,
-    )
+    seconds = asked.timeout_s if timeout is not None else given.timeout_s
+    if seconds is not None and given.timeout_s is not None:  # a gRPC deadline as well
+        seconds = min(seconds, given.timeout_s)
+    return Urgency(asked.priority if priority is not None else given.priority, seconds, given.since)
 
 
 def outputs_of_names(found: Endpoint, asked: list[str]) -> None:

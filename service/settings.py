@@ -317,7 +317,7 @@ class Settings(BaseSettings):
         10.0,
         gt=0,
         description="ageing: a queued sequence rises one priority level for every this many "
-        "seconds it has waited, so lower priorities are never starved",
+        "seconds it has waited, so a lower priority is not passed over for long",
     )
     # What bounds an admitted request's time under overload: an event loop busy refusing a flood
     # completes about 500 requests a second, so at 256 in flight (the old default) the served took

@@ -25,6 +25,8 @@ class RemoteBackend:
     connection is reopened on the next call, waiting up to CONNECT_WAIT_S for a restarting
     engine."""
 
+    serial = True  # one call at a time: the batcher forms no second lane (runtime.batching)
+
     def __init__(self, address: str, spec: BundleSpec) -> None:
         self.address, self.spec = address, spec
         self._conn: Connection | None = None

@@ -27,7 +27,7 @@ from bertserve.runtime.batching import (
     cheapest_prefix,
     gather,
 )
-from bertserve.runtime.errors import ClientGone, DeadlineExceeded, Overloaded
+from bertserve.runtime.errors import ClientGone, DeadlineExceeded, NotReady, Overloaded
 
 
 @dataclass(frozen=True)
@@ -226,6 +226,50 @@ def test_rows_their_own_timer_ended_no_longer_count_against_admission():
     assert full == "model m has 2 sequences queued (the limit)"
     assert after is None
     assert errors == [DeadlineExceeded, DeadlineExceeded]
+
+
+def test_a_single_input_does_not_wait_for_a_client_batchs_call():
+    """Client batches' calls run in their own lane: a request of one input sent while a 300 ms
+    call of a client batch runs is answered from a call of its own before that call ends."""
+
+    async def run():
+        batcher = Batcher("m", Counting(0.3), Settings(), Metrics(), {"logits": "row"}, 0, None)
+        batcher.start()
+        row = Row(np.full(4, 5, np.int64), np.zeros(4, np.int64))
+        bulk = asyncio.ensure_future(batcher.submit([row, row], bulk=True))
+        await asyncio.sleep(0.02)  # the client batch's call has begun
+        started = time.monotonic()
+        single = Row(np.full(4, 5, np.int64), np.zeros(4, np.int64))
+        backend = batcher.backend
+        backend.seconds = 0.01  # the single input's call is short
+        await batcher.submit([single])
+        waited = time.monotonic() - started
+        done_before = bulk.done()
+        await bulk
+        await batcher.stop()
+        return waited, done_before
+
+    waited, bulk_done_first = asyncio.run(run())
+    assert waited < 0.2 and not bulk_done_first
+
+
+def test_stopping_answers_the_rows_of_a_call_in_flight():
+    """stop() while a call runs: its rows are answered (503 not ready), none left waiting."""
+
+    async def run():
+        batcher = Batcher("m", Counting(0.3), Settings(), Metrics(), {"logits": "row"}, 0, None)
+        batcher.start()
+        row = Row(np.full(4, 5, np.int64), np.zeros(4, np.int64))
+        pending = [
+            asyncio.ensure_future(batcher.submit([row, row], bulk=True)),
+            asyncio.ensure_future(batcher.submit([row])),
+        ]
+        await asyncio.sleep(0.05)
+        await batcher.stop()
+        return await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), timeout=1)
+
+    results = asyncio.run(run())
+    assert [type(r) for r in results] == [NotReady, NotReady]
 
 
 class Counting:
