@@ -102,10 +102,9 @@ def parse_urgency(
     low, high = PRIORITIES
     value: int | None = None
     if priority is not None:
-        try:
-            value = int(priority.strip())
-        except ValueError:
-            value = None
+        text = priority.strip()
+        # ASCII digits only: int() would also take "1_000" and other scripts' digits
+        value = int(text) if re.fullmatch(r"[0-9]{1,3}", text) else None
         if value is None or not low <= value <= high:
             raise InvalidInput(
                 f"{names[0]} must be an integer from {low} (served first) to "

@@ -62,6 +62,9 @@ def test_bad_priorities_and_timeouts_are_refused_with_what_to_send(server):
     with server.client() as c:
         word = c.post("/classify", json={"inputs": "a"}, headers={"X-Request-Priority": "high"})
         high = c.post("/classify", json={"inputs": "a"}, headers={"X-Request-Priority": "1000"})
+        underscore = c.post(
+            "/classify", json={"inputs": "a"}, headers={"X-Request-Priority": "1_0"}
+        )
         zero = c.post("/embed", json={"inputs": "a"}, headers={"X-Request-Timeout-Ms": "0"})
         nan = c.post("/embed", json={"inputs": "a"}, headers={"X-Request-Timeout-Ms": "nan"})
         cohere = c.post("/v2/embed", json={"texts": ["a"], "priority": 1000})
@@ -71,6 +74,7 @@ def test_bad_priorities_and_timeouts_are_refused_with_what_to_send(server):
     range_text = "X-Request-Priority must be an integer from 0 (served first) to 999"
     assert word.status_code == 422 and word.json()["error"].startswith(range_text)
     assert high.status_code == 422 and "got '1000'" in high.json()["error"]
+    assert underscore.status_code == 422
     for response in (zero, nan):
         assert response.status_code == 422
         assert (
