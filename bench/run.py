@@ -19,6 +19,7 @@ it is the same for every server.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import platform
@@ -49,6 +50,16 @@ def commit() -> str:
         text=True,
     ).stdout.strip()
     return (head or "unknown") + ("+changes" if dirty else "")
+
+
+def measured_with(command: str) -> str:
+    """A report's first words, up to its setup: when, at which commit, on what, by which
+    command."""
+    return (
+        f"Measured on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC at {commit()}, "
+        f"{platform.machine()} ({platform.processor() or 'cpu'}) with {os.cpu_count()} "
+        f"cores, with `{command}`"
+    )
 
 
 def machine() -> dict:

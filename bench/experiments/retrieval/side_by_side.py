@@ -5,16 +5,13 @@ the table of the best rounds, and the report around them."""
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench.loadgen import closed_loop
-from bench.run import commit
+from bench.run import measured_with
 from bench.servers import Server
 
 SETTLE_S = 3
@@ -117,9 +114,6 @@ def report(
 
 def measured_on(command: str, args: argparse.Namespace) -> str:
     """The report's first sentence, up to the colon: when, at which commit, on what, by what."""
-    return (
-        f"Measured on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC at {commit()}, "
-        f"{platform.machine()} ({platform.processor() or 'cpu'}) with {os.cpu_count()} "
-        f"cores, with `{command} --levels {args.levels} --rounds {args.rounds} --seconds "
-        f"{args.seconds:g}`"
+    return measured_with(
+        f"{command} --levels {args.levels} --rounds {args.rounds} --seconds {args.seconds:g}"
     )

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
-import os
-import platform
 import re
 import threading
 import time
@@ -24,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from bench.inputs import write_bodies
-from bench.run import commit
+from bench.run import measured_with
 from bench.servers import OURS, linked_bundles, serve
 
 READING = """The client's clock starts before the server sees a request and stops after its
@@ -167,9 +164,7 @@ def main() -> None:
         [
             "# Deadlines: short timeouts into a queue seconds deep",
             "",
-            f"Measured on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC at {commit()}, "
-            f"{platform.machine()} ({platform.processor() or 'cpu'}) with {os.cpu_count()} "
-            f"cores, with `{command}`: one server of `{args.bundle.name}` (the service's "
+            f"{measured_with(command)}: one server of `{args.bundle.name}` (the service's "
             "defaults: a worker a core), an indexer of 4 connections sending 512-text /embed "
             "batches back to back, and single-text /embed requests with X-Request-Timeout-Ms: "
             f"{args.timeout_ms:g} and X-Request-Priority: 5 (below the indexer's 1, so they "

@@ -12,10 +12,7 @@ The targets (issue #68): beside the indexer, the interactive p50 within 1.5x and
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
 import threading
 import time
 from pathlib import Path
@@ -24,7 +21,7 @@ import httpx
 
 from bench.inputs import write_bodies
 from bench.loadgen import LoadResult, open_loop
-from bench.run import commit
+from bench.run import measured_with
 from bench.servers import OURS, linked_bundles, serve
 
 
@@ -132,9 +129,7 @@ def main() -> None:
         [
             "# Mixed traffic: an indexer beside an interactive client",
             "",
-            f"Measured on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC at {commit()}, "
-            f"{platform.machine()} ({platform.processor() or 'cpu'}) with {os.cpu_count()} "
-            f"cores, with `{command}`: one server of `{args.bundle.name}` (the service's "
+            f"{measured_with(command)}: one server of `{args.bundle.name}` (the service's "
             f"defaults), an indexer of {args.connections} connections sending {args.size:,}-text "
             "/v1/embeddings requests back to back, and /embed of one SST-2 sentence at "
             f"{args.rate:g} requests/s (Poisson arrivals, latency from the scheduled arrival); "

@@ -100,10 +100,8 @@ def test_a_timeout_that_passes_is_a_504_never_a_late_answer(server):
     with server.client() as c:
         late = c.post("/classify", json={"inputs": "a"}, headers={"X-Request-Timeout-Ms": "1e-3"})
         oip = c.post("/v2/models/sentiment/infer", json=infer_body(timeout=1))
-        metrics = c.get("/metrics").text
     assert late.status_code == 504 and "X-Request-Timeout-Ms" in late.json()["error"]
     assert oip.status_code == 504
-    assert "# TYPE bertserve_unanswered_model_seconds_total counter" in metrics
     with grpc.insecure_channel(f"127.0.0.1:{server.state.grpc_port}") as channel:
         with pytest.raises(grpc.RpcError) as failed:
             tei_grpc.EmbedStub(channel).Embed(
