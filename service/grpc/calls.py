@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -26,6 +27,24 @@ from bertserve.service.state import ServiceState, Slot
 from bertserve.service.tracing import edge_spans
 
 log = logging.getLogger("bertserve")
+
+# Set in the task that answers one message of a stream (service.grpc.tei.Base.stream): it is
+# admitted and queued as a client batch's row (the bulk lane), so a stream of many messages
+# waits for the model instead of meeting 429s; and its refusal is raised as `Refused` for the
+# stream's handler to end the call with. grpc.aio's `context.abort` is the handler's own to
+# call: called from another task while the handler writes an earlier answer, the status never
+# reaches the client, which then waits forever.
+STREAMED: contextvars.ContextVar[bool] = contextvars.ContextVar("streamed", default=False)
+
+
+class Refused(Exception):
+    """A stream's message refused with `error` (its status and message already counted in
+    bertserve_requests_total); the stream's handler aborts the call with it."""
+
+    def __init__(self, error: RequestError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
 
 # HTTP status -> gRPC status code, as text-embeddings-inference maps its errors (validation:
 # INVALID_ARGUMENT, overload: RESOURCE_EXHAUSTED, unhealthy: UNAVAILABLE).
@@ -125,6 +144,8 @@ async def admitted_call(
         )
         status = answer_of(error).status
         code = code_of(error).name
+        if STREAMED.get():
+            raise Refused(error) from exc
         await abort(context, state, error)
     except grpc.aio.AbortError:
         raise
@@ -134,7 +155,10 @@ async def admitted_call(
     except Exception:
         status, code = 500, "INTERNAL"
         log.exception("unhandled error in a gRPC call to %s", route)
-        await abort(context, state, RequestError("internal error (logged)"))
+        internal = RequestError("internal error (logged)")
+        if STREAMED.get():
+            raise Refused(internal) from None
+        await abort(context, state, internal)
     finally:
         if slot is not None:
             slot.release()

@@ -18,7 +18,6 @@ What the protocol leaves to the server, and bertserve's answer:
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -29,15 +28,12 @@ import orjson
 from bertserve.runtime.tasks import TASKS
 from bertserve.service.grpc import tei_pb2 as pb
 from bertserve.service.grpc import tei_pb2_grpc as pb_grpc
-from bertserve.service.grpc.calls import admitted_call, urgency
+from bertserve.service.grpc.calls import STREAMED, Refused, abort, admitted_call, urgency
 from bertserve.service.handler import handle
 from bertserve.service.http import routes
 from bertserve.service.oip import VERSION
 from bertserve.service.state import ServiceState
 
-# Set while a stream's message is answered: it is admitted and queued as a client batch's row
-# (the bulk lane), so a stream of many messages waits for the model instead of meeting 429s.
-STREAMED: contextvars.ContextVar[bool] = contextvars.ContextVar("streamed", default=False)
 SERVICES = ("tei.v1.Info", "tei.v1.Embed", "tei.v1.Predict", "tei.v1.Rerank", "tei.v1.Tokenize")
 DIRECTION = {pb.TRUNCATION_DIRECTION_RIGHT: "Right", pb.TRUNCATION_DIRECTION_LEFT: "Left"}
 MODEL_TYPE = {
@@ -119,7 +115,12 @@ class Base:
         feeder = asyncio.ensure_future(feed())
         try:
             while (item := await pending.get()) is not None:
-                yield await item
+                try:
+                    reply = await item
+                except Refused as refused:  # ended here, in the handler's own task
+                    await abort(context, self.state, refused.error)
+                else:
+                    yield reply
             await feeder
         finally:
             feeder.cancel()

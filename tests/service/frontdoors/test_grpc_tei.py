@@ -150,7 +150,8 @@ def test_errors_carry_the_json_routes_messages_and_teis_codes(server, channel):
 
     blank = refused(embed.Embed, pb.EmbedRequest(inputs=" "))
     assert blank.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert blank.details() == post(server, "/embed", {"inputs": " "}).json()["error"]
+    blank_error = post(server, "/embed", {"inputs": " "}).json()["error"]
+    assert blank.details() == blank_error
     long = "word " * 400
     over = refused(embed.Embed, pb.EmbedRequest(inputs=long))
     json_over = post(server, "/embed", {"inputs": long, "truncate": False})
@@ -159,10 +160,18 @@ def test_errors_carry_the_json_routes_messages_and_teis_codes(server, channel):
     assert embed.Embed(pb.EmbedRequest(inputs=long, truncate=True)).embeddings
     nobody = refused(embed.Embed, pb.EmbedRequest(inputs="a"), metadata=[("model", "nope")])
     assert nobody.code() == grpc.StatusCode.NOT_FOUND
-    # A stream stops at its first refused message, with that message's code.
-    stream = embed.EmbedStream(iter([pb.EmbedRequest(inputs="fine"), pb.EmbedRequest(inputs=" ")]))
+    # A stream stops at its first refused message, with that message's code, wherever that
+    # message stands: the refusal races the answers before it (ended from the wrong task, its
+    # status never reached the client, which waited forever: hence the deadline here).
+    fine, blank = pb.EmbedRequest(inputs="fine"), pb.EmbedRequest(inputs=" ")
+    for messages in ([fine, blank], [blank, fine], [fine, fine, blank, fine]) * 4:
+        with pytest.raises(grpc.RpcError) as stopped:
+            list(embed.EmbedStream(iter(messages), timeout=20))
+        assert stopped.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert stopped.value.details() == blank_error
+    tokenize = pb_grpc.TokenizeStub(channel).TokenizeStream
     with pytest.raises(grpc.RpcError) as stopped:
-        list(stream)
+        list(tokenize(iter([pb.EncodeRequest(inputs="fine"), pb.EncodeRequest()]), timeout=20))
     assert stopped.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
