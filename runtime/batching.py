@@ -59,6 +59,7 @@ from bertserve.runtime.errors import (
     NotReady,
     Overloaded,
 )
+from bertserve.runtime.fairness import ANONYMOUS, Fairness
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,8 @@ class _Request:
     started: bool = False
     bulk: bool = False
     priority: int = 0  # PRIORITIES: lower goes first
+    tenant: str = ANONYMOUS  # whose (runtime.fairness): its share of the queue and the model
+    weight: float = 1.0
 
 
 @dataclass
@@ -147,6 +150,7 @@ class _Item:
     deadline: float
     request: _Request
     enqueued: float = field(default_factory=time.monotonic)
+    tag: float = 0.0  # its virtual finish (runtime.fairness): the least goes first in its priority
 
 
 class CallCost:
@@ -306,6 +310,8 @@ class BatchMetrics(Protocol):
     def lone_calls(self) -> Labelled: ...
     @property
     def unanswered_model_seconds(self) -> Labelled: ...
+    @property
+    def tenant_rows(self) -> Labelled: ...
 
 
 class Batcher:
@@ -371,6 +377,7 @@ class Batcher:
         self.rows_per_s = 0.0  # measured drain rate (EWMA over cycles); 0: none measured yet
         self.cycle_s = 0.0  # measured time of one batch cycle (EWMA); 0: none measured yet
         self.cost = CallCost()  # what another call costs against padding (_select)
+        self.fairness = Fairness()  # tenants' shares of this queue (runtime.fairness)
         self.lone_cost = LoneCost()  # what a lone call costs the event loop if it runs there
         # Labelled children bound once: `labels()` costs a lock and a lookup on every call.
         self._dropped = {
@@ -389,6 +396,7 @@ class Batcher:
         self._padding = metrics.padding.labels(name)
         self._failed = metrics.failed_batches.labels(name)
         self._lone_calls = metrics.lone_calls.labels(name)
+        self._tenant_rows: dict[str, Any] = {}  # by tenant: its rows handed to the model
         self._depth.set(0)
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -450,34 +458,48 @@ class Batcher:
             return sum(len(r) for r in rows) * per_token
         return self.cost.large_seconds([len(r) for r in rows])
 
-    def refusal(self, rows: int = 1, bulk: bool = False) -> str | None:
-        """Why `rows` more sequences would be refused (None: admitted).
+    def refusal(
+        self, rows: int = 1, bulk: bool = False, tenant: str = ANONYMOUS, weight: float = 1.0
+    ) -> str | None:
+        """Why `rows` more sequences of `tenant` would be refused (None: admitted).
 
         Interactive rows (a request of one input): the queue is at its row limit, or already
         holds more than `max_queue_wait_ms` of interactive work, so that what is admitted is
         answered in time and the rest is told at once to retry. Client batches (bulk): they
         queue behind the interactive rows up to `max_bulk_queue_rows`, and while the model can
         clear them within half of `request_timeout_s` at its measured rate: an indexer's
-        batches wait instead of being refused, and interactive answers keep their bound."""
+        batches wait instead of being refused, and interactive answers keep their bound.
+        Beside other tenants' queued rows of its kind, a tenant has its share of each bound
+        (runtime.fairness), its rows counted against it and drained at its share of the rate."""
         # Fixed texts (no counts): the protocol encodes each refusal once.
+        fair = self.fairness
+        share = fair.share(tenant, weight, bulk)
+        shared = " for this tenant (its share)" if share < 1.0 else ""
         if bulk:
             limit = self.settings.max_bulk_queue_rows
-            if self._bulk + rows > limit:
-                return f"model {self.name} has {limit} client-batch sequences queued (the limit)"
+            queued = self._bulk if share == 1.0 else fair.queued[(tenant, True)]
+            if queued + rows > limit * share:
+                return (
+                    f"model {self.name} has {limit} client-batch sequences queued{shared} "
+                    "(the limit)"
+                )
             budget = self.settings.request_timeout_s / 2
-            if self.rows_per_s and self._bulk and self._bulk / self.rows_per_s > budget:
-                return f"model {self.name} has over {budget:g} s of client batches queued"
+            if self.rows_per_s and queued and queued / (self.rows_per_s * share) > budget:
+                return f"model {self.name} has over {budget:g} s of client batches queued{shared}"
             return None
         limit = self.settings.max_queue_rows
-        if len(self._items) - self._bulk - self._expired + rows > limit:
-            return f"model {self.name} has {limit} sequences queued (the limit)"
+        interactive = len(self._items) - self._bulk - self._expired
+        queued = interactive if share == 1.0 else fair.queued[(tenant, False)]
+        if queued + rows > limit * share:
+            return f"model {self.name} has {limit} sequences queued{shared} (the limit)"
         wait_ms = self.settings.max_queue_wait_ms
         if (
             wait_ms
-            and self.depth > self._bulk + self._expired
-            and self.expected_wait_s * 1000 > wait_ms
+            and queued > 0
+            and self.rows_per_s
+            and queued / (self.rows_per_s * share) * 1000 > wait_ms
         ):
-            return f"model {self.name} has over {wait_ms:g} ms of work queued (the limit)"
+            return f"model {self.name} has over {wait_ms:g} ms of work queued{shared} (the limit)"
         return None
 
     # --- requests -----------------------------------------------------------------------------
@@ -488,23 +510,30 @@ class Batcher:
         bulk: bool = False,
         priority: int | None = None,
         deadline: float | None = None,
+        tenant: str = ANONYMOUS,
+        weight: float = 1.0,
     ) -> list[asyncio.Future[RowResult]]:
         """Queue a request's rows; one future a row. Raises 429 past the admission limit of its
         kind (`refusal`). Cancelling a future drops its row if the model has not taken it yet;
         a row still unanswered at the deadline fails with a 504 (`_watch`, or a timer of the
         request's own where its `deadline` (time.monotonic) comes before `request_timeout_s`'s).
-        `priority`: PRIORITIES (None: the settings' default for its kind)."""
-        refused = self.refusal(len(rows), bulk)
+        `priority`: PRIORITIES (None: the settings' default for its kind). `tenant`, of `weight`:
+        whose rows (runtime.fairness)."""
+        refused = self.refusal(len(rows), bulk, tenant, weight)
         if refused is not None:
             raise Overloaded(f"{refused}; retry shortly", retry_after_s=1)
         loop = asyncio.get_running_loop()
         latest = time.monotonic() + self.settings.request_timeout_s
         if priority is None:
             priority = self.settings.bulk_priority if bulk else self.settings.default_priority
-        request = _Request(bulk=bulk, priority=priority)
+        request = _Request(bulk=bulk, priority=priority, tenant=tenant, weight=weight)
         own = deadline is not None and deadline < latest
         deadline = deadline if deadline is not None and own else latest
-        items = [_Item(row, loop.create_future(), deadline, request) for row in rows]
+        tags = self.fairness.tags(tenant, weight, priority, map(len, rows))
+        items = [
+            _Item(row, loop.create_future(), deadline, request, tag=tag)
+            for row, tag in zip(rows, tags, strict=True)
+        ]
         if own:  # sooner than the watchdog's period may notice: its own timer, so 504 on time
             timer = loop.call_at(loop.time() + deadline - time.monotonic(), self._expire, items)
             left = [len(items)]
@@ -518,6 +547,7 @@ class Batcher:
                 item.future.add_done_callback(answered)
         self._items.extend(items)
         self._bulk += len(items) if bulk else 0
+        self.fairness.queued[(tenant, bulk)] += len(items)
         self._depth.set(len(self._items))
         self._wake.set()
         return [item.future for item in items]
@@ -528,10 +558,12 @@ class Batcher:
         bulk: bool = False,
         priority: int | None = None,
         deadline: float | None = None,
+        tenant: str = ANONYMOUS,
+        weight: float = 1.0,
     ) -> list[RowResult]:
         """Enqueue a request's rows and wait for all of them (`enqueue`, then `gather`).
         Cancelling the awaiting task cancels its rows."""
-        return await gather(self.enqueue(rows, bulk, priority, deadline))
+        return await gather(self.enqueue(rows, bulk, priority, deadline, tenant, weight))
 
     def _expire(self, items: list[_Item]) -> None:
         """A request's own deadline: its rows still unanswered fail with a 504 (a row in the
@@ -801,28 +833,40 @@ class Batcher:
                 live.append(item)
         if not live:
             self._items, self._bulk, self._expired = [], 0, 0
+            self.fairness.recount(())
             self._depth.set(0)
             return []
         eligible = live if bulk is None else [i for i in live if i.request.bulk == bulk]
         if not eligible:
             self._items = live
             self._bulk = sum(1 for item in live if item.request.bulk)
+            self.fairness.recount((i.request.tenant, i.request.bulk) for i in live)
             self._depth.set(len(live))
             return []
-        # The row of the highest priority goes first, the oldest among equals (client batches
-        # wait behind requests of one input by their default priorities); a row rises a level
-        # for every priority_aging_s it has waited, so no priority starves.
+        # The priority of the row that ranks first goes first: the highest, or one that has
+        # waited (a row rises a level for every priority_aging_s it has waited, so no priority
+        # starves; client batches wait behind requests of one input by their default
+        # priorities). Within it, the row of the least fair-queueing tag: the oldest, where one
+        # tenant has rows waiting (runtime.fairness).
         aging = self.settings.priority_aging_s
-        first = min(
+        oldest = min(
             eligible, key=lambda item: item.request.priority - (now - item.enqueued) / aging
         )
+        level = oldest.request.priority
+        peers = [item for item in eligible if item.request.priority == level]
+        first = min(peers, key=lambda item: (item.tag, item.enqueued))
         anchor = len(first.row)
         # Rows of a lower priority (a higher number) do not join: a call formed for an
         # interactive row stays its size, not a client batch's (beside an indexer, single
-        # inputs otherwise waited for a full call of its rows: bertserve bench mixed).
-        level = first.request.priority
+        # inputs otherwise waited for a full call of its rows: bertserve bench mixed). Of
+        # several tenants' rows, only those within a call's tokens of the first row's tag.
         others = [item for item in eligible if item is not first and item.request.priority <= level]
-        by_closeness = sorted(others, key=lambda item: abs(len(item.row) - anchor))
+        weights = {item.request.tenant: item.request.weight for item in peers}
+        if len(weights) > 1:
+            most = min(self.max_tokens, self.settings.max_batch_rows * anchor)  # a call's
+            reach = first.tag + self.fairness.window(weights.values(), most)
+            others = [i for i in others if i.request.priority < level or i.tag <= reach]
+        by_closeness = sorted(others, key=lambda item: (abs(len(item.row) - anchor), item.tag))
         batch, longest = [first], anchor
         for item in by_closeness:
             new_longest = max(longest, len(item.row))
@@ -853,8 +897,24 @@ class Batcher:
         taken = {id(item) for item in (*batch, *late)}
         self._items = [item for item in live if id(item) not in taken]
         self._bulk = sum(1 for item in self._items if item.request.bulk)
+        self.fairness.served(level, first.tag)
+        self.fairness.recount((i.request.tenant, i.request.bulk) for i in self._items)
+        self._count_tenants(batch)
         self._depth.set(len(self._items) + len(batch))
         return batch
+
+    def _count_tenants(self, batch: list[_Item]) -> None:
+        """bertserve_tenant_rows_total: each tenant's rows handed to the model."""
+        counts: dict[str, int] = {}
+        for item in batch:
+            counts[item.request.tenant] = counts.get(item.request.tenant, 0) + 1
+        for tenant, count in counts.items():
+            child = self._tenant_rows.get(tenant)
+            if child is None:
+                child = self._tenant_rows[tenant] = self.metrics.tenant_rows.labels(
+                    self.name, tenant
+                )
+            child.inc(count)
 
     def call_s(self, tokens: int) -> float:
         """How long a call of `tokens` padded tokens is expected to take: the fitted fixed cost

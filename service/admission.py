@@ -13,6 +13,7 @@ from bertserve.service.http.auth import PUBLIC_PATHS
 from bertserve.service.http.errors import NotReady, Overloaded, RequestError, Unavailable
 from bertserve.service.models import Model
 from bertserve.service.settings import Settings
+from bertserve.service.tenants import Held
 
 if TYPE_CHECKING:
     from bertserve.service.state import ServiceState
@@ -41,28 +42,40 @@ class Admission:
             retry_after_s=1,
         )
         self._overloaded: dict[str, Overloaded] = {}  # by reason: a few fixed texts a model
+        self._tenants: dict[tuple[str, str], RequestError] = {}  # by (tenant, cap)
 
     def refusal(
-        self, state: ServiceState, method: str, path: str, connections: int = 0, size: int = -1
+        self,
+        state: ServiceState,
+        method: str,
+        path: str,
+        connections: int = 0,
+        size: int = -1,
+        held: Held | None = None,
     ) -> RequestError | None:
         """Why this request is answered at once, before its body is parsed (None: it is admitted).
         Made once a request, by the HTTP protocol (service.http.protocol). The probes and
         /metrics always pass; the API key is checked after this, so an overloaded or draining
-        service refuses unauthenticated requests the same way."""
+        service refuses unauthenticated requests the same way. `held`: its tenant's places,
+        where several tenants share the process: past its share of a cap it is refused as at
+        the cap, whatever the others hold (service.tenants)."""
         if path in PUBLIC_PATHS:
             return None
         if state.draining:  # the client should go elsewhere: this connection ends with it
             return self._draining
         if connections > self.settings.max_connections:
             return self._connections
-        if state.in_flight - state.queued >= self.settings.max_in_flight and not (
+        running = state.in_flight - state.queued >= self.settings.max_in_flight
+        if (running or (held is not None and held.running >= held.running_cap)) and not (
             self.may_queue(method, path, size)
-            and state.queue_room(state.body_size(size))
+            and state.queue_room(state.body_size(size), held)
             and bulk_room(state.models, routed(path, self.settings))
         ):
-            return self.crowded
+            return self.crowded if running else self.tenant_refusal(held, "running")
         if state.receiving >= self.settings.max_receiving:
             return self._receiving
+        if held is not None and held.receiving >= held.receiving_cap:
+            return self.tenant_refusal(held, "receiving")
         task = routed(path, self.settings)
         busy = (
             saturated(state.models, task.capability)
@@ -74,6 +87,24 @@ class Admission:
         if busy not in self._overloaded:
             self._overloaded[busy] = Overloaded(busy, retry_after_s=1)
         return self._overloaded[busy]
+
+    def tenant_refusal(self, held: Held | None, cap: str) -> RequestError:
+        """A tenant past its share of max_in_flight (`running`) or max_receiving: a fixed text
+        a tenant and cap, built once."""
+        assert held is not None
+        key = (held.tenant.name, cap)
+        if key not in self._tenants:
+            if cap == "running":
+                what = f"{held.running_cap} requests in flight (its share of max_in_flight)"
+            else:
+                what = (
+                    f"{held.receiving_cap} requests sending their bodies (its share of "
+                    "max_receiving)"
+                )
+            self._tenants[key] = NotReady(
+                f"tenant {held.tenant.name} has {what}; retry shortly", retry_after_s=1
+            )
+        return self._tenants[key]
 
     def may_queue(self, method: str, path: str, size: int) -> bool:
         """Whether a request may wait past the in-flight cap, if it is a client batch

@@ -33,6 +33,7 @@ from bertserve.service.http.errors import (
     TooLarge,
 )
 from bertserve.service.state import Model, ServiceState, Slot
+from bertserve.service.tenants import ANONYMOUS, Tenant
 from bertserve.service.tracing import RowTrace, request_spans
 
 
@@ -109,6 +110,7 @@ class Call:
     bulk: bool  # a client batch: its rows wait in the bulk lane
     priority: int | None  # the batcher's (None: its default for the kind)
     deadline: float | None  # its own (time.monotonic), else None: request_timeout_s's
+    tenant: Tenant  # whose (service.tenants): its share of the model's queue
     rows: list[Row] = field(default_factory=list)
     prepared: Any = None
     results: list[RowResult] = field(default_factory=list)
@@ -183,8 +185,10 @@ async def _serve(
             f"(BERTSERVE_{task.batch_limit.upper()})"
         )
     bulk = batch or len(items) > 1
-    if bulk:  # a client batch: refused before its tokenising if its lane is full
-        full = model.batcher.refusal(len(items), bulk=True)
+    # Whose (service.tenants): its share of the model's queue, and its default priority.
+    tenant = slot.tenant if slot is not None and slot.tenant is not None else ANONYMOUS
+    if bulk:  # a client batch: refused before its tokenising if its lane (its share) is full
+        full = model.batcher.refusal(len(items), True, tenant.name, tenant.weight)
         if full is not None:
             await refuse(state, slot, Overloaded(f"{full}; retry shortly", retry_after_s=1))
         if slot is not None:
@@ -193,8 +197,21 @@ async def _serve(
         await refuse(state, slot, state.admission.crowded)
     own = getattr(request, "priority", None)  # Cohere's and vLLM's body field, where it has one
     priority = own if isinstance(own, int) else priority
+    if priority is None:  # neither the body nor a header: its tenant's default, if it has one
+        priority = tenant.priority
     call = Call(
-        state, task, model, request, items, single, stats, disconnected, bulk, priority, deadline
+        state,
+        task,
+        model,
+        request,
+        items,
+        single,
+        stats,
+        disconnected,
+        bulk,
+        priority,
+        deadline,
+        tenant,
     )
     cost = task.check_cost(model.ctx, items, request, settings)
     if cost <= settings.inline_cost:
@@ -258,7 +275,7 @@ async def _run(call: Call, off_loop: bool) -> Any:
         for r in rows:
             r.trace = trace
     call.results = results = await submit(
-        model, rows, call.disconnected, bulk, call.priority, call.deadline
+        model, rows, call.disconnected, bulk, call.priority, call.deadline, call.tenant
     )
     t2 = time.perf_counter()
     if traced:
@@ -350,6 +367,7 @@ async def submit(
     bulk: bool = False,
     priority: int | None = None,
     deadline: float | None = None,
+    tenant: Tenant = ANONYMOUS,
 ) -> list[RowResult]:
     """Queue the rows; if the client goes away first, cancel them (they cost no compute).
     `disconnected`: a future the server completes when the connection is lost (bertserve's
@@ -357,7 +375,7 @@ async def submit(
     no rows (an inference-free sparse query: runtime/tasks/sparse.py) needs no model call."""
     if not rows:
         return []
-    futures = model.batcher.enqueue(rows, bulk, priority, deadline)
+    futures = model.batcher.enqueue(rows, bulk, priority, deadline, tenant.name, tenant.weight)
     if disconnected is None or isinstance(disconnected, asyncio.Future):
         return await gather(futures, disconnected)
     watch = asyncio.ensure_future(disconnected())

@@ -191,6 +191,13 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self.tenant_rows = Counter(
+            "bertserve_tenant_rows",
+            "Sequences handed to the model, by tenant (BERTSERVE_KEYS_FILE's tables; 'default': "
+            "BERTSERVE_API_KEYS; 'anonymous': no key set): its served share (runtime.fairness)",
+            ["model", "tenant"],
+            registry=r,
+        )
         self.model_info = Gauge(
             "bertserve_model_info",
             "Served models (value 1; what they are in the labels)",

@@ -17,6 +17,7 @@ from bertserve.runtime.engine import EngineOptions
 from bertserve.runtime.schemas import PRIORITIES
 from bertserve.runtime.tasks.common import RequestLimits
 from bertserve.service.http.auth import MIN_KEY_LENGTH
+from bertserve.service.tenants import DEFAULT, KeysFileError, Tenants, read_keys_file
 
 KNOWN_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 CGROUP = Path("/sys/fs/cgroup")
@@ -122,6 +123,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_anonymous_connections",
         "api_key",
         "api_keys",
+        "keys_file",
         "admin_keys",
         "metrics_token",
         "metrics_cache_s",
@@ -501,6 +503,13 @@ class Settings(BaseSettings):
         "accepted: rotate by adding "
         "the new key, moving clients, then removing the old; health and /metrics stay open",
     )
+    keys_file: Path | None = Field(
+        None,
+        description="a TOML file of tenants, one table each: its keys, its weight (its share of "
+        "each model's time and of the in-flight, receiving and queued places against the "
+        "other tenants) and its requests' default priority (docs/deploy.md); api_keys together "
+        "are one more tenant, 'default', of weight 1",
+    )
     admin_keys: SecretStr | None = Field(
         None,
         description="comma-separated bearer tokens of 16 or more characters for the management "
@@ -585,7 +594,14 @@ class Settings(BaseSettings):
     def _consistent(self) -> Settings:
         if self.max_batch_tokens < self.max_batch_rows:
             raise ValueError("max_batch_tokens must be at least max_batch_rows")
-        tokens = [*self.keys(), *self.admin_key_set()]
+        try:
+            tenants = self.tenants
+        except KeysFileError as exc:
+            raise ValueError(f"BERTSERVE_KEYS_FILE: {exc}") from None
+        listed = {key for key, tenant in tenants.pairs if tenant is not DEFAULT}
+        if any(key in listed for key in split_keys(self.api_key, self.api_keys)):
+            raise ValueError("a key of BERTSERVE_API_KEYS is also in BERTSERVE_KEYS_FILE")
+        tokens = [*tenants.keys, *self.admin_key_set()]
         if self.metrics_token is not None:
             tokens.append(self.metrics_token.get_secret_value().encode())
         short = [k for k in tokens if len(k) < MIN_KEY_LENGTH]
@@ -616,8 +632,15 @@ class Settings(BaseSettings):
         return tuple(n.strip() for n in self.load_at_start.split(",") if n.strip())
 
     def keys(self) -> tuple[bytes, ...]:
-        """Every accepted API key (BERTSERVE_API_KEY and BERTSERVE_API_KEYS together)."""
-        return split_keys(self.api_key, self.api_keys)
+        """Every accepted API key (BERTSERVE_API_KEY, BERTSERVE_API_KEYS and the keys file's)."""
+        return self.tenants.keys
+
+    @functools.cached_property
+    def tenants(self) -> Tenants:
+        """Every accepted key's tenant (service.tenants): the keys file's, then `default`."""
+        pairs = read_keys_file(self.keys_file, MIN_KEY_LENGTH) if self.keys_file else []
+        pairs += [(key, DEFAULT) for key in split_keys(self.api_key, self.api_keys)]
+        return Tenants(pairs)
 
     @functools.cached_property
     def request_limits(self) -> RequestLimits:

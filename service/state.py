@@ -22,6 +22,7 @@ from bertserve.service.metrics import Metrics
 from bertserve.service.models import NAME, Model, defaults, serving
 from bertserve.service.process.memory import Trimmer
 from bertserve.service.settings import Settings
+from bertserve.service.tenants import Held, Tenant, places
 from bertserve.service.warmup import warm_up
 
 log = logging.getLogger(__name__)
@@ -48,32 +49,54 @@ class Slot:
     of an indexing job at once) waits for the model instead of meeting 503s, while requests
     of one input keep the bound on their latency."""
 
-    __slots__ = ("may_queue", "size", "stage", "state")
+    __slots__ = ("held", "may_queue", "size", "stage", "state", "tenant")
     RECEIVING, IN_FLIGHT, QUEUED, DONE, REFUSED = range(5)
 
-    def __init__(self, state: ServiceState | None, may_queue: bool = False, size: int = -1) -> None:
+    def __init__(
+        self,
+        state: ServiceState | None,
+        may_queue: bool = False,
+        size: int = -1,
+        tenant: Tenant | None = None,
+    ) -> None:
         """`size`: the body's Content-Length (-1: chunked, counted as the largest body), what a
-        queued place holds against `max_queued_bytes`."""
+        queued place holds against `max_queued_bytes`. `tenant`: whose (service.tenants; None:
+        a key that matched none, refused by the key check next), its places counted against
+        its shares where several tenants share the process (`held`)."""
         self.state, self.stage, self.may_queue = state, self.RECEIVING, may_queue
         self.size = 0
+        self.tenant = tenant
+        self.held: Held | None = None
         if state is not None:
             self.size = state.body_size(size)
             state.receiving += 1
+            if tenant is not None and state.places:
+                self.held = state.places[tenant.name]
+                self.held.receiving += 1
 
     def _queue(self, state: ServiceState) -> None:
         self.stage = self.QUEUED
         state.queued += 1
         state.queued_bytes += self.size
+        if self.held is not None:
+            self.held.queued += 1
 
     def take(self) -> None:
         state = self.state
         if state is None or self.stage != self.RECEIVING:
             return
         state.receiving -= 1
+        held = self.held
+        if held is not None:
+            held.receiving -= 1
         settings = state.settings
-        if state.in_flight - state.queued < settings.max_in_flight:
+        if state.in_flight - state.queued < settings.max_in_flight and (
+            held is None or held.running < held.running_cap
+        ):
             self.stage = self.IN_FLIGHT
-        elif self.may_queue and state.queue_room(self.size):
+            if held is not None:
+                held.running += 1
+        elif self.may_queue and state.queue_room(self.size, held):
             self._queue(state)
         else:
             self.stage = self.REFUSED
@@ -96,7 +119,13 @@ class Slot:
         slot back to requests of one input if a queued place is free (200 concurrent client
         batches would otherwise take every slot, and a single request meet the cap)."""
         state = self.state
-        if state is not None and self.stage == self.IN_FLIGHT and state.queue_room(self.size):
+        if (
+            state is not None
+            and self.stage == self.IN_FLIGHT
+            and state.queue_room(self.size, self.held)
+        ):
+            if self.held is not None:
+                self.held.running -= 1
             self._queue(state)
 
     def release(self) -> None:
@@ -104,12 +133,19 @@ class Slot:
         if state is None or stage in (self.DONE, self.REFUSED):
             return
         self.stage = self.DONE
+        held = self.held
         if stage == self.RECEIVING:
             state.receiving -= 1
+            if held is not None:
+                held.receiving -= 1
             return
         if stage == self.QUEUED:
             state.queued -= 1
             state.queued_bytes -= self.size
+            if held is not None:
+                held.queued -= 1
+        elif held is not None:
+            held.running -= 1
         state.activity.end()
         state.metrics.in_flight.dec()
 
@@ -147,20 +183,33 @@ class ServiceState:
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.settings)
+        limits = self.settings
+        # Each tenant's places and caps (service.tenants), where several share the process.
+        self.places = places(
+            limits.tenants, limits.max_receiving, limits.max_in_flight, limits.max_queued_batches
+        )
         self.control = ModelControl(self)  # what is loaded, changed while serving (explicit)
 
     def admit(
-        self, method: str, path: str, connections: int = 0, size: int = -1
+        self,
+        method: str,
+        path: str,
+        connections: int = 0,
+        size: int = -1,
+        given: list[bytes] | None = None,
     ) -> RequestError | Slot:
         """The gate, decided once a request (service.admission): why it is answered at once,
         or the admitted request's Slot (an in-flight slot once its body is complete). `size`:
-        the body's Content-Length, -1 if it declared none."""
-        refusal = self.admission.refusal(self, method, path, connections, size)
+        the body's Content-Length, -1 if it declared none. `given`: its Authorization headers,
+        which name its tenant (service.tenants; None: the anonymous tenant's)."""
+        if path in PUBLIC_PATHS:
+            return self.admission.refusal(self, method, path, connections, size) or FREE
+        tenant = self.settings.tenants.of(given or [])
+        held = self.places.get(tenant.name) if tenant is not None and self.places else None
+        refusal = self.admission.refusal(self, method, path, connections, size, held)
         if refusal is not None:
             return refusal
-        if path in PUBLIC_PATHS:
-            return FREE
-        return Slot(self, self.admission.may_queue(method, path, size), size)
+        return Slot(self, self.admission.may_queue(method, path, size), size, tenant)
 
     def body_size(self, declared: int) -> int:
         """What a body declared as `declared` bytes (-1: chunked) may hold: at most
@@ -168,13 +217,14 @@ class ServiceState:
         limit = self.settings.max_body_bytes
         return min(declared, limit) if declared >= 0 else limit
 
-    def queue_room(self, size: int) -> bool:
+    def queue_room(self, size: int, held: Held | None = None) -> bool:
         """A queued place is free for a body of `size` bytes: fewer than max_queued_batches,
-        their bodies within max_queued_bytes (Slot)."""
+        their bodies within max_queued_bytes (Slot), and `held`'s tenant within its share."""
         settings = self.settings
         return (
             self.queued < settings.max_queued_batches
             and self.queued_bytes + size <= settings.max_queued_bytes
+            and (held is None or held.queued < held.queued_cap)
         )
 
     @property

@@ -128,7 +128,7 @@ async def admitted_call(
         check_key(state.settings.keys(), given)
         if batch:  # admitted as a body that may queue (service.admission.may_queue)
             size = max(size, state.settings.queue_min_body_bytes)
-        admitted = state.admit("POST", route, 0, size)
+        admitted = state.admit("POST", route, 0, size, given)
         if isinstance(admitted, RequestError):
             raise admitted
         slot = admitted

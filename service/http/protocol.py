@@ -134,9 +134,9 @@ class Connections:
         return protocol in self.anonymous and len(self.anonymous) > self.max_anonymous
 
 
-# (method, path, connections, the body's declared size or -1) -> a refusal, or the admitted
-# request's slot (service.state.Slot)
-Gate = Callable[[str, str, int, int], "RequestError | Slot"]
+# (method, path, connections, the body's declared size or -1, its Authorization headers) -> a
+# refusal, or the admitted request's slot (service.state.Slot)
+Gate = Callable[[str, str, int, int, list[bytes]], "RequestError | Slot"]
 Refused = Callable[[str, RequestError], None]  # count it: (path, refusal)
 Opened = Callable[[int], None]  # a connection opened (+1) or closed (-1)
 
@@ -408,7 +408,8 @@ class GuardedProtocol(HttpToolsProtocol):
         """The gate, once a request: why it is answered at once, or its slot (admitted)."""
         crowded = ANONYMOUS_CROWDED if self.policy.crowded(self) else None
         size = declared_size(headers)
-        return crowded or self.gate(method, path, len(self.connections), size)  # type: ignore[misc]
+        given = authorizations(list(headers))
+        return crowded or self.gate(method, path, len(self.connections), size, given)  # type: ignore[misc]
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         """A request pipelined behind another meets the gate here, when its turn comes: at its

@@ -63,6 +63,7 @@ class Metrics:
         self.failed_batches = Counter("failed_batches", "", ["model"], registry=r)
         self.lone_calls = Counter("lone_calls", "", ["model"], registry=r)
         self.unanswered_model_seconds = Counter("unanswered", "", ["model", "reason"], registry=r)
+        self.tenant_rows = Counter("tenant_rows", "", ["model", "tenant"], registry=r)
 
     def value(self, family: str, **labels: str) -> float:
         counter = getattr(self, family)

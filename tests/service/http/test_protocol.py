@@ -189,9 +189,9 @@ def test_each_request_meets_the_gate_once(bundle_dir):
         decided: list[str] = []
         refusal = admission.refusal
 
-        def counted(state, method, path, connections=0, size=-1):
+        def counted(state, method, path, connections=0, size=-1, held=None):
             decided.append(path)
-            return refusal(state, method, path, connections, size)
+            return refusal(state, method, path, connections, size, held)
 
         admission.refusal = counted
         try:
