@@ -443,8 +443,12 @@ class Batcher:
     def expected_wait_s(self) -> float:
         """How long the interactive rows queued would take to clear at the rate this model has
         been serving rows (0 before the first measured batch): they go before client batches'."""
-        interactive = len(self._items) - self._bulk - self._expired
-        return interactive / self.rows_per_s if self.rows_per_s else 0.0
+        return self._clear_s(len(self._items) - self._bulk - self._expired)
+
+    def _clear_s(self, rows: int, share: float = 1.0) -> float:
+        """How long `rows` queued rows take to clear at `share` of the rate this model has been
+        serving rows (0 before the first measured batch)."""
+        return rows / (self.rows_per_s * share) if self.rows_per_s else 0.0
 
     def work_s(self, rows: list[Row]) -> float:
         """At least how long the model takes for `rows`: their tokens at the marginal cost of a
@@ -484,7 +488,7 @@ class Batcher:
                     "(the limit)"
                 )
             budget = self.settings.request_timeout_s / 2
-            if self.rows_per_s and queued and queued / (self.rows_per_s * share) > budget:
+            if queued and self._clear_s(queued, share) > budget:
                 return f"model {self.name} has over {budget:g} s of client batches queued{shared}"
             return None
         limit = self.settings.max_queue_rows
@@ -493,12 +497,7 @@ class Batcher:
         if queued + rows > limit * share:
             return f"model {self.name} has {limit} sequences queued{shared} (the limit)"
         wait_ms = self.settings.max_queue_wait_ms
-        if (
-            wait_ms
-            and queued > 0
-            and self.rows_per_s
-            and queued / (self.rows_per_s * share) * 1000 > wait_ms
-        ):
+        if wait_ms and queued and self._clear_s(queued, share) * 1000 > wait_ms:
             return f"model {self.name} has over {wait_ms:g} ms of work queued{shared} (the limit)"
         return None
 
@@ -807,7 +806,6 @@ class Batcher:
             else 0.0
         )
         live = []
-        self._expired = 0  # this pass sweeps every row whose future is done
         for item in self._items:
             if item.future.done():  # its client left, or its own timer ended it (_expire)
                 self._dropped[dropped_reason(item.future)].inc()
@@ -832,15 +830,12 @@ class Batcher:
             else:
                 live.append(item)
         if not live:
-            self._items, self._bulk, self._expired = [], 0, 0
-            self.fairness.recount(())
+            self._requeue([])
             self._depth.set(0)
             return []
         eligible = live if bulk is None else [i for i in live if i.request.bulk == bulk]
         if not eligible:
-            self._items = live
-            self._bulk = sum(1 for item in live if item.request.bulk)
-            self.fairness.recount((i.request.tenant, i.request.bulk) for i in live)
+            self._requeue(live)
             self._depth.set(len(live))
             return []
         # The priority of the row that ranks first goes first: the highest, or one that has
@@ -895,13 +890,18 @@ class Batcher:
         for item in batch:
             item.request.started = True
         taken = {id(item) for item in (*batch, *late)}
-        self._items = [item for item in live if id(item) not in taken]
-        self._bulk = sum(1 for item in self._items if item.request.bulk)
+        self._requeue([item for item in live if id(item) not in taken])
         self.fairness.served(level, first.tag)
-        self.fairness.recount((i.request.tenant, i.request.bulk) for i in self._items)
         self._count_tenants(batch)
         self._depth.set(len(self._items) + len(batch))
         return batch
+
+    def _requeue(self, items: list[_Item]) -> None:
+        """The rows still queued after a sweep, and what is counted of them: the client
+        batches' among them, every tenant's (runtime.fairness); none expired unswept."""
+        self._items, self._expired = items, 0
+        self._bulk = sum(1 for item in items if item.request.bulk)
+        self.fairness.recount((item.request.tenant, item.request.bulk) for item in items)
 
     def _count_tenants(self, batch: list[_Item]) -> None:
         """bertserve_tenant_rows_total: each tenant's rows handed to the model."""

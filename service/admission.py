@@ -66,12 +66,13 @@ class Admission:
         if connections > self.settings.max_connections:
             return self._connections
         running = state.in_flight - state.queued >= self.settings.max_in_flight
-        if (running or (held is not None and held.running >= held.running_cap)) and not (
+        over = held is not None and held.running >= held.running_cap
+        if (running or over) and not (
             self.may_queue(method, path, size)
             and state.queue_room(state.body_size(size), held)
             and bulk_room(state.models, routed(path, self.settings))
         ):
-            return self.crowded if running else self.tenant_refusal(held, "running")
+            return self.crowded if running or held is None else self.tenant_refusal(held, "running")
         if state.receiving >= self.settings.max_receiving:
             return self._receiving
         if held is not None and held.receiving >= held.receiving_cap:
@@ -88,10 +89,9 @@ class Admission:
             self._overloaded[busy] = Overloaded(busy, retry_after_s=1)
         return self._overloaded[busy]
 
-    def tenant_refusal(self, held: Held | None, cap: str) -> RequestError:
+    def tenant_refusal(self, held: Held, cap: str) -> RequestError:
         """A tenant past its share of max_in_flight (`running`) or max_receiving: a fixed text
         a tenant and cap, built once."""
-        assert held is not None
         key = (held.tenant.name, cap)
         if key not in self._tenants:
             if cap == "running":

@@ -9,8 +9,8 @@ Every accepted key belongs to one tenant:
 - with no key set at all, every request is the one tenant `anonymous`.
 
 A tenant's weight is its share, against the other tenants with work waiting, of each model's
-time (runtime.batching: weighted fair queueing of the model's tokens) and of the service's
-in-flight and receiving places (`Shares`); its name labels the metrics and the access log,
+time (runtime.fairness: weighted fair queueing of the model's tokens) and of the process's
+in-flight, receiving and queued places (`Held`); its name labels the metrics and its refusals,
 never its key."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertserve.runtime.schemas import PRIORITIES
+from bertserve.service.http.auth import bearer
 
 NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")  # a Prometheus label value, an access-log word
 FIELDS = {"key", "keys", "weight", "priority"}
@@ -109,26 +110,25 @@ class Tenants:
     def __init__(self, pairs: list[tuple[bytes, Tenant]]) -> None:
         self.pairs = pairs
         self.keys = tuple(key for key, _ in pairs)
-        # The tenants that share the service's places (Shares): each once, in the file's order.
+        # The tenants that share the process's places (`places`): each once, in the file's order.
         named = {tenant.name: tenant for _, tenant in pairs}
         self.all: tuple[Tenant, ...] = tuple(named.values()) or (ANONYMOUS,)
         self.total_weight = sum(t.weight for t in self.all)
 
     def of(self, given: list[bytes]) -> Tenant | None:
-        """The tenant of `given` (a request's Authorization headers, as service.http.auth reads
-        them): with no key set, `anonymous`; None when no key matches (401 is the API key
-        check's to answer). Every key is compared in constant time, as `authorized` does."""
-        if not self.pairs:
-            return ANONYMOUS
-        if len(given) != 1:
-            return None
-        scheme, _, token = given[0].partition(b" ")
-        token = token.strip()
+        """The tenant of `given` (a request's Authorization headers, read as
+        service.http.auth.bearer reads them); None when no key matches (401 is the API key
+        check's to answer). With one tenant (no key set: `anonymous`), that one, unchecked:
+        a wrong key is refused by the key check all the same. Every key is compared in
+        constant time, as `authorized` does."""
+        if len(self.all) == 1:
+            return self.all[0]
+        token = bearer(given)
         found = None
         for key, tenant in self.pairs:
             if hmac.compare_digest(token, key):
                 found = tenant
-        return found if scheme.lower() == b"bearer" else None
+        return found
 
     def share(self, limit: int, tenant: Tenant) -> int:
         """A tenant's part of `limit` places: limit x its weight / every tenant's weight, at

@@ -96,6 +96,16 @@ async def abort(
     await context.abort(code_of(error), error.message)
 
 
+async def refuse(
+    context: grpc.aio.ServicerContext, state: ServiceState, error: RequestError
+) -> None:
+    """End the call with `error` (`abort`); a stream's message raises it as `Refused` instead,
+    for the stream's handler to end the call with (STREAMED)."""
+    if STREAMED.get():
+        raise Refused(error)
+    await abort(context, state, error)
+
+
 @contextlib.asynccontextmanager
 async def admitted_call(
     state: ServiceState,
@@ -144,9 +154,7 @@ async def admitted_call(
         )
         status = answer_of(error).status
         code = code_of(error).name
-        if STREAMED.get():
-            raise Refused(error) from exc
-        await abort(context, state, error)
+        await refuse(context, state, error)
     except grpc.aio.AbortError:
         raise
     except asyncio.CancelledError:
@@ -155,10 +163,7 @@ async def admitted_call(
     except Exception:
         status, code = 500, "INTERNAL"
         log.exception("unhandled error in a gRPC call to %s", route)
-        internal = RequestError("internal error (logged)")
-        if STREAMED.get():
-            raise Refused(internal) from None
-        await abort(context, state, internal)
+        await refuse(context, state, RequestError("internal error (logged)"))
     finally:
         if slot is not None:
             slot.release()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 import re
+from collections.abc import Iterable
 
 from bertserve.service.http.errors import Forbidden, Unauthorized
 
@@ -22,22 +23,30 @@ MANAGEMENT_PREFIX = "/models/"
 MIN_KEY_LENGTH = 16
 
 
-def authorizations(headers: list[tuple[bytes, bytes]]) -> list[bytes]:
+def authorizations(headers: Iterable[tuple[bytes, bytes]]) -> list[bytes]:
     """Every Authorization header of a request (names lower-cased, as ASGI and uvicorn give)."""
     return [value for name, value in headers if name == b"authorization"]
+
+
+def bearer(given: list[bytes]) -> bytes:
+    """The token of `given` (a request's Authorization headers) if it is one `Bearer <token>`,
+    else b"" (which no key equals: keys have MIN_KEY_LENGTH characters). Two headers are
+    refused: proxies and servers disagree on which one counts."""
+    if len(given) != 1:
+        return b""
+    scheme, _, token = given[0].partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else b""
 
 
 def authorized(keys: tuple[bytes, ...], given: list[bytes]) -> bool:
     """Whether `given` (a request's Authorization headers) is one `Bearer <one of keys>`. Every
     key is compared in constant time, so neither a key's length nor its prefix leaks through
-    timing. Two headers are refused: proxies and servers disagree on which one counts."""
-    if len(given) != 1:
-        return False
-    scheme, _, token = given[0].partition(b" ")
+    timing."""
+    token = bearer(given)
     ok = False
     for key in keys:
-        ok |= hmac.compare_digest(token.strip(), key)
-    return ok and scheme.lower() == b"bearer"
+        ok |= hmac.compare_digest(token, key)
+    return ok
 
 
 def check_key(keys: tuple[bytes, ...], given: list[bytes]) -> None:

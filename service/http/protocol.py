@@ -408,7 +408,7 @@ class GuardedProtocol(HttpToolsProtocol):
         """The gate, once a request: why it is answered at once, or its slot (admitted)."""
         crowded = ANONYMOUS_CROWDED if self.policy.crowded(self) else None
         size = declared_size(headers)
-        given = authorizations(list(headers))
+        given = authorizations(headers)
         return crowded or self.gate(method, path, len(self.connections), size, given)  # type: ignore[misc]
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:

@@ -81,8 +81,9 @@ def test_a_flood_meets_its_own_share_of_the_queue_and_the_others_are_admitted():
         assert refused is not None and "for this tenant (its share)" in refused
         assert batcher.refusal(1, tenant="a") is not None
         assert batcher.refusal(1, tenant="c") is None  # a third tenant has its third
-        # A weight of 3 beside B's 1 is three quarters of the bound.
-        assert batcher.refusal(10, tenant="d", weight=3.0) is None
+        # A weight of 3 beside A's and B's 1 each is three fifths of the bound: 12 of 20.
+        assert batcher.refusal(12, tenant="d", weight=3.0) is None
+        assert batcher.refusal(13, tenant="d", weight=3.0) is not None
 
     asyncio.run(run())
 
