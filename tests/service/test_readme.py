@@ -161,3 +161,16 @@ def test_a_readme_example_prints_the_real_answer(server, path, body, printed):
             position += 1
         assert position < len(leaves), f"README prints {pair}, the answer is {response.text}"
         position += 1
+
+
+def test_the_image_checks_of_every_endpoint_pass_on_the_shipped_bundles(server):
+    """`make image-test` posts every task's example to the image, expecting 200 where a shipped
+    bundle can answer it and a 404 naming what is missing elsewhere; CI runs it only after the
+    whole suite, so its expectations are checked here against the same bundles first."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("image_check", ROOT / "tools/image_check.py")
+    assert spec is not None and spec.loader is not None
+    image_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(image_check)
+    image_check.every_endpoint(server.url)
