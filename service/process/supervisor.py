@@ -15,10 +15,13 @@ each with its own ONNX Runtime sessions and a share of the cores. It:
   counted in `bertserve_worker_lost_requests_total`); a replacement that dies before it is
   ready is started again with back-off (RETRY_S), the others serving meanwhile. A worker that
   dies before the service was first ready (every worker at once) stops it: a new one would
-  fail the same way, and the orchestrator should see it;
+  fail the same way, and the orchestrator should see it; so does one that fails
+  START_ATTEMPTS starts in a row while no other worker is ready;
 - replaces a worker whose memory passed `max_worker_rss_mb` without a gap: the new one starts in
   a spare slot, and only once it is ready does the old one stop accepting, finish what it
-  admitted and close its connections (SIGUSR1, `server.DrainingServer.retire`);
+  admitted and close its connections (SIGUSR1, `server.DrainingServer.retire`). Either may die
+  on the way: an old worker killed first leaves its place to the successor at once, a
+  successor killed before it took over is started again;
 - on SIGTERM, passes the signal on, lets go of the port (the workers answer its accept queue
   and close it as they finish) and waits for every worker to drain.
 
@@ -56,6 +59,8 @@ SPAWN = multiprocessing.get_context("spawn")  # no fork: the parent holds no mod
 # Back-off before a worker that died starting is started again: doubling from the first, at
 # most the last (the out-of-memory killer that took it may take the next one too).
 RETRY_S = (0.5, 30.0)
+# A worker that fails this many starts in a row while no other is ready stops the service.
+START_ATTEMPTS = 5
 
 
 def stop_with_the_supervisor() -> None:
@@ -117,6 +122,7 @@ class Shared:
     # each slot has reached, and the directory of the wanted set and the workers' reports.
     generation: Any
     reached: Any
+    receiving: Any  # its admitted requests still sending their bodies (the lost count's too)
     control: str = ""
 
     @classmethod
@@ -129,6 +135,7 @@ class Shared:
             SPAWN.Array("i", slots, lock=False),
             SPAWN.Value("b", 0, lock=False),
             SPAWN.Value("i", 0, lock=False),
+            SPAWN.Array("i", slots, lock=False),
             SPAWN.Array("i", slots, lock=False),
         )
 
@@ -250,7 +257,8 @@ class Supervisor:
         self.shared.connections[slot] = 0
         self.shared.counted[slot] = int(counted)
         self.shared.recycle[slot] = 0
-        self.shared.in_flight[slot] = 0  # a worker killed with requests in flight left its count
+        # What a worker killed with requests in flight, or bodies arriving, left.
+        self.shared.in_flight[slot] = self.shared.receiving[slot] = 0
         self.served[slot] = False
         values = self.values()
         values["port"] = sock.getsockname()[1]
@@ -309,18 +317,7 @@ class Supervisor:
             for slot in range(self.count):
                 self.start(slot, sock)
             while not self.stopping:
-                self.shared.all_ready()  # marks the service served once every worker is
-                for slot, process in enumerate(self.workers):
-                    if self.ready[slot] and not self.served[slot]:
-                        self.served[slot], self.failures[slot] = True, 0
-                    if not self.stopping and process is not None and not process.is_alive():
-                        self.replace(slot, process, sock)
-                now = time.monotonic()
-                for slot, (due, counted) in list(self.pending.items()):
-                    if now >= due and not self.stopping:
-                        self.start(slot, sock, counted)
-                if not self.stopping:
-                    self.recycle(sock)
+                self.tick(sock)
                 engine_lost = self.engine is not None and not self.watch_engine(engine_dir)
                 if engine_lost and not self.stopping:
                     self.failed = True
@@ -334,6 +331,22 @@ class Supervisor:
             shutil.rmtree(metrics_dir, ignore_errors=True)
             shutil.rmtree(self.shared.control, ignore_errors=True)
             shutil.rmtree(engine_dir, ignore_errors=True)
+
+    def tick(self, sock: socket.socket) -> None:
+        """One turn of the supervisor's loop over its workers: readiness noted, the dead
+        replaced, the pending started, a recycle moved on."""
+        self.shared.all_ready()  # marks the service served once every worker is
+        for slot, process in enumerate(self.workers):
+            if self.ready[slot] and not self.served[slot]:
+                self.served[slot], self.failures[slot] = True, 0
+            if not self.stopping and process is not None and not process.is_alive():
+                self.replace(slot, process, sock)
+        now = time.monotonic()
+        for slot, (due, counted) in list(self.pending.items()):
+            if now >= due and not self.stopping:
+                self.start(slot, sock, counted)
+        if not self.stopping:
+            self.recycle(sock)
 
     def stop_engine(self) -> None:
         """After the workers: SIGTERM, then the engine waits for their connections to close."""
@@ -383,8 +396,47 @@ class Supervisor:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(process.pid)
-        if not self.shared.counted[slot] and self.served[slot]:  # retired: its slot is spare
+        shared = self.shared
+        # What its clients lost: requests admitted, answered or still sending their bodies.
+        lost = shared.in_flight[slot] + shared.receiving[slot]
+        old, new = self.recycling or (-1, -1)
+        if slot == old:
+            # Killed before its successor took over: the successor takes its place now (counted,
+            # so readiness waits for it, and started again like any worker if it dies), and
+            # this slot is the spare. Started again here, it would be told to retire while
+            # still starting, and would leave no spare: recycling stopped for good.
+            self.count_lost(lost)
+            log.error(
+                "worker %d (pid %d) died with %s and %d requests in flight while its successor "
+                "(worker %d) started: the successor takes its place",
+                slot,
+                process.pid,
+                process.exitcode,
+                lost,
+                new,
+            )
+            self.workers[slot], self.recycling = None, None
+            self.ready[slot] = shared.counted[slot] = shared.recycle[slot] = 0
+            shared.counted[new] = 1
+            return
+        if slot == new and self.served[slot]:
+            # Ready, and dead before the supervisor's next turn handed it the place: not a
+            # retired worker. Its old one goes on serving and gets a new successor.
+            self.count_lost(lost)
+            log.error(
+                "worker %d (pid %d), the successor of worker %d, died with %s once ready: "
+                "starting another",
+                slot,
+                process.pid,
+                old,
+                process.exitcode,
+            )
+            self.start(slot, sock, counted=False)
+            return
+        if not shared.counted[slot] and self.served[slot]:  # retired: its slot is spare
             log.info("worker %d (pid %d) retired with %s", slot, process.pid, process.exitcode)
+            if process.exitcode != 0:  # killed while it drained: its clients got no answer
+                self.count_lost(lost)
             self.workers[slot] = None
             return
         if not self.served[slot]:
@@ -400,8 +452,27 @@ class Supervisor:
                 self.on_signal(signal.SIGTERM, None)
                 return
             # Others serve: the out-of-memory killer, most likely, which recycling meets when
-            # memory is tight. Try again, with back-off, while they go on.
+            # memory is tight. Try again, with back-off, while they go on; with none left
+            # ready, START_ATTEMPTS times in a row, then the orchestrator is told (exit 1).
             self.failures[slot] += 1
+            others = [
+                i
+                for i, p in enumerate(self.workers)
+                if i != slot and self.ready[i] and p is not None and p.is_alive()
+            ]
+            if self.failures[slot] >= START_ATTEMPTS and not others:
+                log.error(
+                    "worker %d (pid %d) exited with %s before it was ready: it failed %d "
+                    "starts in a row and no worker is ready: stopping",
+                    slot,
+                    process.pid,
+                    process.exitcode,
+                    self.failures[slot],
+                )
+                self.workers[slot] = None
+                self.failed = True
+                self.on_signal(signal.SIGTERM, None)
+                return
             first, most = RETRY_S
             delay = min(most, first * 2 ** min(self.failures[slot] - 1, 16))
             log.error(
@@ -416,9 +487,7 @@ class Supervisor:
             self.ready[slot] = self.shared.recycle[slot] = 0  # what the dead one left
             self.pending[slot] = (time.monotonic() + delay, bool(self.shared.counted[slot]))
             return
-        lost = self.shared.in_flight[slot]
-        if self.lost is not None and lost > 0:
-            self.lost.inc(lost)
+        self.count_lost(lost)
         log.error(
             "worker %d (pid %d) died with %s and %d requests in flight: replacing it",
             slot,
@@ -427,6 +496,10 @@ class Supervisor:
             lost,
         )
         self.start(slot, sock)
+
+    def count_lost(self, requests: int) -> None:
+        if self.lost is not None and requests > 0:
+            self.lost.inc(requests)
 
     def on_signal(self, sig: int, frame: FrameType | None) -> None:
         if self.stopping:  # a second signal: stop now
