@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, MutableSequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,7 +176,10 @@ class ServiceState:
     # API requests in flight, here (`in_flight`) and, as a supervisor's worker, in the other
     # workers: a lone one's model call may take every core (runtime.batching.Activity).
     activity: Activity = field(default_factory=Activity)
-    receiving: int = 0  # admitted API requests whose body is still arriving (Slot)
+    # Admitted API requests whose body is still arriving (Slot): this process's count in
+    # `receivers` at `activity.slot` (a list here; a supervisor's worker keeps it in the shared
+    # array, so the lost-requests count of a worker killed includes them).
+    receivers: MutableSequence[int] = field(default_factory=lambda: [0])
     queued: int = 0  # client batches admitted past max_in_flight, among in_flight (Slot)
     queued_bytes: int = 0  # their bodies' sizes, by Content-Length (Slot)
     _warming: asyncio.Task[None] | None = None
@@ -231,6 +234,14 @@ class ServiceState:
     def unanswered(self) -> int:
         """Admitted API requests not yet answered: in flight, or still sending their body."""
         return self.in_flight + self.receiving
+
+    @property
+    def receiving(self) -> int:
+        return self.receivers[self.activity.slot]
+
+    @receiving.setter
+    def receiving(self, value: int) -> None:
+        self.receivers[self.activity.slot] = value
 
     @property
     def in_flight(self) -> int:

@@ -448,6 +448,7 @@ def run_worker(
         state.worker = slot
         state.peers_ready = shared.all_ready
         state.activity = Activity(shared.in_flight, slot)
+        state.receivers = shared.receiving
         state.warm_first = warm_first
         state.control.board = shared.board(slot)
     raise_open_files(settings.max_connections)

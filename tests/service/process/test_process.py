@@ -219,6 +219,44 @@ def test_workers_share_the_port_metrics_and_readiness_and_a_dead_one_is_replaced
         process.kill()
 
 
+def test_a_worker_killed_while_bodies_arrive_counts_them_lost(bundle_dir):
+    """The review's finding: `bertserve_worker_lost_requests_total` counted a dead worker's
+    requests in flight, not those still sending their bodies, whose clients get no answer
+    either. Two admitted bodies half sent (to either worker), then both workers killed: the
+    two are counted."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = start(bundle_dir, port, workers=2)
+    try:
+        wait_ready(url, process)
+        pids = worker_pids(process.pid)
+        body = json.dumps({"inputs": "a body that never ends"}).encode()
+        head = b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        halves = []
+        for _ in range(2):
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body[:5])
+            halves.append(sock)
+        time.sleep(1)  # read and admitted: each holds a receiving place
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            replaced = worker_pids(process.pid)
+            if len(replaced) == 2 and not set(pids) & set(replaced):
+                break
+            time.sleep(0.1)
+        wait_ready(url, process)
+        with httpx.Client(base_url=url, timeout=10) as c:
+            assert "bertserve_worker_lost_requests_total 2.0" in c.get("/metrics").text
+        for sock in halves:
+            sock.close()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+
+
 def open_connections(client: httpx.Client) -> float:
     for line in client.get("/metrics").text.splitlines():
         if line.startswith("bertserve_open_connections "):
