@@ -9,7 +9,8 @@ task (so they cost a few microseconds, not a request's worth of Python):
 - the same two bounds for a chunked body's trailer section (after the last chunk; httptools
   buffers it, joining a value piece by piece, and uvicorn ignores it): at most
   `max_header_bytes` and `header_timeout`, counted from the last chunk's size line; past either
-  the connection is closed (with a 431 or 408 if no answer has started);
+  the connection is closed (with a 431 or 408 if no answer has started). A pause after a
+  data chunk's size line, its data still to come, is the body timeout's, not this one's;
 - anonymous connections (API keys set; `Connections`): a connection counts as keyed once a
   request on it carries a valid key. Past `max_anonymous` of the others, or past the process's
   connection cap, the oldest idle anonymous ones are closed, so clients without a key cannot
@@ -31,6 +32,7 @@ from __future__ import annotations
 import array
 import asyncio
 import fcntl
+import re
 import termios
 import urllib.parse
 import uuid
@@ -56,6 +58,12 @@ from bertserve.service.http.errors import (
 
 if TYPE_CHECKING:
     from bertserve.service.state import Slot
+
+# The stream's end when a chunked body waits after a data chunk's size line (a size other than
+# 0, maybe an extension): the framing timer leaves it to the body timeout. RECENT: the bytes
+# kept to see it (a longer extension is timed as trailers).
+DATA_SIZE_LINE = re.compile(rb"\n0*[1-9a-fA-F][0-9a-fA-F]*(;[^\r\n]*)?\r\n\Z")
+RECENT = 256
 
 
 def response_parts(
@@ -195,6 +203,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._framing: int | None = None
         self._reads = 0
         self._framing_read = 0
+        self._recent = b""  # the last bytes read (a size line's, when the framing timer ends)
 
     def quiet_for(self) -> float:
         """Seconds since the client last sent anything, while nothing is in progress (0 if it
@@ -240,6 +249,7 @@ class GuardedProtocol(HttpToolsProtocol):
                     self.transport.close()
                 return
             self._head_bytes, self._tail = size, seen[-3:]
+        self._recent = self._recent[-RECENT:] + data[-RECENT:]
         super().data_received(data)
         if self._framing is not None and self._framing_read < self._reads:
             self._framing_received(len(data))  # all of it after a size line, none of it data
@@ -291,6 +301,10 @@ class GuardedProtocol(HttpToolsProtocol):
         self._header_timer = None
         if self.pipeline:  # reading waits while an earlier request is answered: so does this
             return self._arm(self._framing_too_slow)
+        if DATA_SIZE_LINE.search(self._recent[-RECENT:]):
+            # Nothing since a size line other than 0: a data chunk's, its data still to come
+            # (no trailer line is bare hex: the parser refuses one). The body timeout bounds it.
+            return
         self._close_framing(
             RequestTimeout(
                 f"a chunked body's trailers did not arrive within {self.header_timeout:g} s",

@@ -119,6 +119,30 @@ def test_slow_trailers_time_out_like_headers(bundle_dir):
             assert s.recv(4096) == b""  # closed
 
 
+def test_a_pause_after_a_data_chunks_size_line_is_not_a_trailer_timeout(bundle_dir):
+    """The review's finding: the trailer timer was armed at every chunk's size line, so an
+    upload pausing past header_timeout right after one (its data still to come) got a false
+    408. Only the last chunk's counts; the body timeout bounds the rest."""
+    body = json.dumps({"inputs": "a fine film"}).encode()
+    with live_server(bundles=bundle_dir, header_timeout_s=0.5) as live:
+        host, port = host_port(live)
+        with socket.create_connection((host, port), timeout=10) as s:
+            s.sendall(CHUNKED + b"Content-Type: application/json\r\n\r\n")
+            s.sendall(b"3\r\n" + body[:3] + b"\r\n")
+            s.sendall(b"%x;ext=1\r\n" % (len(body) - 3))  # a size line, then a pause
+            time.sleep(1.5)
+            s.sendall(body[3:] + b"\r\n0\r\n\r\n")
+            answer = s.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        with socket.create_connection((host, port), timeout=10) as s:  # the last one's counts
+            s.sendall(CHUNKED + b"\r\n%x\r\n%s\r\n0\r\n" % (len(body), body))
+            started = time.monotonic()
+            answer = s.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 408"), answer[:80]
+            assert b"trailers did not arrive within 0.5 s" in answer
+            assert time.monotonic() - started < 3
+
+
 def test_chunked_bodies_with_trailers_and_large_chunks_are_served(server):
     """The bound counts framing, not data: a 92 kB body in chunks of every size, and a short
     trailer section, are answered; so is the next request on the same connection."""
