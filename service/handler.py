@@ -51,7 +51,8 @@ async def handle(
 ) -> Any:
     """The answer to one request, as JSON bytes; raises a RequestError (or pydantic's
     ValidationError, for a body that is not a `task.request`) for anything else. `stats`
-    receives what the access log reports: model, rows, tokens, queue_ms, inference_ms.
+    receives what the access log reports: model, rows, tokens, queue_ms, inference_ms, and
+    the tenant's name for a keyed request (service.tenants).
 
     A request's own work is bounded before it is done (`Task.check_cost`), and a large one
     prepares and decodes on a worker thread: the event loop, which answers every other client
@@ -269,6 +270,8 @@ async def _run(call: Call, off_loop: bool) -> Any:
             "shorter inputs a request"
         )
     call.stats.update(model=model.name, rows=len(rows), tokens=sum(len(r) for r in rows))
+    if call.tenant is not ANONYMOUS:  # whose, by name (service.tenants; never its key)
+        call.stats["tenant"] = call.tenant.name
     traced = "span" in call.stats
     if traced:  # each row carries the request's trace to the batch span
         trace = RowTrace(call.stats["tracing"], call.stats["span"].get_span_context())

@@ -258,7 +258,7 @@ class RequestContext:
                 **{
                     k: round(v, 3) if isinstance(v, float) else v
                     for k, v in extra.items()
-                    if k in ("rows", "tokens", "queue_ms", "inference_ms", "model")
+                    if k in ("rows", "tokens", "queue_ms", "inference_ms", "model", "tenant")
                 },
             }
             if span is not None:

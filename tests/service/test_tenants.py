@@ -6,8 +6,10 @@ tenant is admitted. A keys file that cannot be used stops the start with its tab
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
+import time
 
 import httpx
 import pytest
@@ -68,9 +70,12 @@ def test_a_missing_keys_file_and_a_key_in_both_places_are_refused(tmp_path, keys
         Settings(keys_file=keys_file, api_keys=SEARCH)
 
 
-def test_each_tenant_is_served_and_counted_by_name(bundle_dir, keys_file):
+def test_each_tenant_is_served_counted_and_logged_by_name(bundle_dir, keys_file, caplog):
     other = "a-default-key-0123456789"
-    with live_server(bundles=bundle_dir, keys_file=keys_file, api_keys=other) as live:
+    with (
+        live_server(bundles=bundle_dir, keys_file=keys_file, api_keys=other) as live,
+        caplog.at_level(logging.INFO, logger="bertserve.access"),
+    ):
         with live.client() as c:
             for key in (SEARCH, INDEXER, other):
                 answer = c.post("/classify", json={"inputs": "a fine film"}, headers=auth(key))
@@ -80,6 +85,25 @@ def test_each_tenant_is_served_and_counted_by_name(bundle_dir, keys_file):
             )
         for tenant in ("search", "indexer", "default"):
             assert metric(live, "bertserve_tenant_rows_total", tenant=tenant) == 1
+        deadline = time.monotonic() + 5  # the access line is written just after the answer
+        while len(served(caplog)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    # The access log names each request's tenant, never its key.
+    assert sorted(r.fields.get("tenant") for r in served(caplog)) == [
+        "default",
+        "indexer",
+        "search",
+    ]
+    assert not any(SEARCH in r.getMessage() or SEARCH in str(r.fields) for r in caplog.records)
+
+
+def served(caplog) -> list:
+    fields = [getattr(r, "fields", {}) for r in caplog.records]
+    return [
+        r
+        for r, f in zip(caplog.records, fields, strict=True)
+        if f.get("endpoint") == "/classify" and f.get("status") == 200
+    ]
 
 
 def test_a_tenants_requests_take_its_default_priority(bundle_dir, keys_file):
