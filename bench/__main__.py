@@ -86,6 +86,9 @@ MODES: dict[str, Mode] = {
     "deadlines": Mode(
         "bench.experiments.traffic.deadlines", "short timeouts into a queue seconds deep"
     ),
+    "tenants": Mode(
+        "bench.experiments.traffic.tenants", "two API keys past saturation: shares by weight"
+    ),
     "mixed": Mode(
         "bench.experiments.traffic.mixed", "an indexer beside an interactive client, each alone"
     ),

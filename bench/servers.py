@@ -100,10 +100,11 @@ def serve(
     cwd: Path | None = None,
     ready_path: str = "/classify",
     module: str = "bertserve.service",
+    headers: dict[str, str] | None = None,
 ) -> Iterator[Server]:
     """Run server `name` until the block ends; ready once POST `ready_path` answers 200.
     `cwd`: the source tree to run (`python -m` imports from the working directory first);
-    `module`: ours, as that tree names it."""
+    `module`: ours, as that tree names it; `headers`: the readiness request's (a key)."""
     refuse_taken_port(port)
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -118,7 +119,7 @@ def serve(
         )
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_ready(f"{base}{ready_path}", ready_body, timeout=300, proc=proc)
+        wait_ready(f"{base}{ready_path}", ready_body, timeout=300, proc=proc, headers=headers)
         yield Server(name, base, proc, time.monotonic() - started)
     finally:
         stop(proc)

@@ -123,6 +123,7 @@ def open_loop(
     seed: int = 0,
     ids_out: Path | None = None,
     preconnect: int = 0,
+    headers: dict[str, str] | None = None,
 ) -> LoadResult:
     """Poisson arrivals at `rate` requests/s for `seconds`, whatever the server's pace. Latency is
     measured from each request's scheduled arrival, so a slow server cannot slow the clock."""
@@ -146,6 +147,11 @@ def open_loop(
         "--preconnect",
         str(preconnect),
         *(["--ids-out", str(ids_out)] if ids_out else []),
+        *[
+            arg
+            for name, value in (headers or {}).items()
+            for arg in ("--header", f"{name}: {value}")
+        ],
     ]
     before = _children_cpu()
     out = _run(cmd, dict(os.environ), timeout=seconds + timeout_s + 60)
@@ -177,7 +183,11 @@ def open_loop(
 
 
 def wait_ready(
-    url: str, body: bytes, timeout: float = 180, proc: subprocess.Popen | None = None
+    url: str,
+    body: bytes,
+    timeout: float = 180,
+    proc: subprocess.Popen | None = None,
+    headers: dict[str, str] | None = None,
 ) -> None:
     """POST `body` to `url` until it answers 200: the server has loaded and answers for real."""
     import urllib.request
@@ -187,7 +197,10 @@ def wait_ready(
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
         request = urllib.request.Request(
-            url, data=body, headers={"Content-Type": "application/json"}, method="POST"
+            url,
+            data=body,
+            headers={"Content-Type": "application/json", **(headers or {})},
+            method="POST",
         )
         try:
             with urllib.request.urlopen(request, timeout=5) as r:

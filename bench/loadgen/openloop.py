@@ -30,9 +30,13 @@ from urllib.parse import urlsplit
 import numpy as np
 
 
-def _requests(url: str, bodies_path: str) -> list[tuple[bytes, bytes]]:
-    """(head without its blank line, body) of each request."""
+def _requests(
+    url: str, bodies_path: str, headers: tuple[str, ...] = ()
+) -> list[tuple[bytes, bytes]]:
+    """(head without its blank line, body) of each request; `headers`: "Name: value" lines
+    every request carries (an Authorization, a priority)."""
     parts = urlsplit(url)
+    extra = "".join(f"{line}\r\n" for line in headers)
     out = []
     with open(bodies_path, "rb") as f:
         for line in f:
@@ -40,7 +44,7 @@ def _requests(url: str, bodies_path: str) -> list[tuple[bytes, bytes]]:
             if body:
                 head = (
                     f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}"
                 )
                 out.append((head.encode(), body))
     return out
@@ -123,7 +127,7 @@ class _Connection(asyncio.Protocol):
 async def run(args: argparse.Namespace) -> dict:
     parts = urlsplit(args.url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    requests = _requests(args.url, args.bodies)
+    requests = _requests(args.url, args.bodies, tuple(args.header))
     rng = random.Random(args.seed)
     loop = asyncio.get_running_loop()
     idle: list[_Connection] = []
@@ -323,6 +327,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--preconnect", type=int, default=0, help="connections to open before the schedule starts"
+    )
+    parser.add_argument(
+        "--header", action="append", default=[], help="'Name: value' on every request"
     )
     parser.add_argument(
         "--ids-out", help="tag each request with an X-Request-ID; write 'id status' per answer"

@@ -74,6 +74,18 @@ def test_open_loop_keeps_its_schedule_and_counts_every_answer(server, bodies):
     assert 0 < result.p50_ms <= result.p99_ms < 1000
 
 
+def test_open_loop_sends_its_headers_on_every_request(bundle_dir, bodies):
+    """bench tenants: each tenant's load carries its key. Against a keyed server, the keyed
+    load is answered (200 and the bodies' 422) and the same load without the key is all 401."""
+    key = "bench-loadgen-key-0123456789"
+    with live_server(bundles=bundle_dir, api_keys=key) as live:
+        url = f"{live.url}/classify"
+        keyed = open_loop(url, bodies, 40, 1, headers={"Authorization": f"Bearer {key}"})
+        bare = open_loop(url, bodies, 40, 1)
+    assert set(keyed.statuses) == {"200", "422"} and keyed.errors == 0
+    assert set(bare.statuses) == {"401"}
+
+
 def test_transformers_peer_serves_the_bundles_own_weights(checkpoints, tmp_path):
     import torch
     from transformers import BertForSequenceClassification
