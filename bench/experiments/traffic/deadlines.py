@@ -10,17 +10,15 @@ bertserve_dropped_rows_total, read from /metrics before and after).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import re
 import threading
 import time
-from pathlib import Path
 
 import httpx
 
-from bench.inputs import write_bodies
+from bench.experiments import traffic
 from bench.run import measured_with
 from bench.servers import OURS, linked_bundles, serve
 
@@ -69,17 +67,11 @@ async def timed(url: str, texts: list[str], n: int, timeout_ms: float) -> list[t
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bundle", type=Path, default=Path("bundles/minilm-embed"))
-    parser.add_argument("--data", type=Path, default=Path("../shared/data"))
+    parser = traffic.parser(__doc__, port=8211, work="runs/bench-deadlines")
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--timeout-ms", type=float, default=50)
-    parser.add_argument("--port", type=int, default=8211)
-    parser.add_argument("--work", type=Path, default=Path("runs/bench-deadlines"))
-    parser.add_argument("--report", type=Path, default=None)
     args = parser.parse_args()
-    single = write_bodies("classify", args.data, args.work / "inputs")
-    texts = [json.loads(line)["inputs"] for line in single.read_text().splitlines() if line]
+    texts = traffic.sentences(args)
     bundles = linked_bundles([args.bundle], args.work / "bundles")
     first = json.dumps({"inputs": "warm up"}).encode()
     with serve(
@@ -89,6 +81,7 @@ def main() -> None:
         args.port,
         first,
         args.work / "server.log",
+        env=traffic.env(args),
         ready_path="/embed",
     ) as server:
         url = f"{server.base}/embed"

@@ -11,15 +11,13 @@ The targets (issue #68): beside the indexer, the interactive p50 within 1.5x and
 
 from __future__ import annotations
 
-import argparse
 import json
 import threading
 import time
-from pathlib import Path
 
 import httpx
 
-from bench.inputs import write_bodies
+from bench.experiments import traffic
 from bench.loadgen import LoadResult, open_loop
 from bench.run import measured_with
 from bench.servers import OURS, linked_bundles, serve
@@ -57,23 +55,14 @@ def indexer(url: str, texts: list[str], seconds: float, connections: int, size: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bundle", type=Path, default=Path("bundles/minilm-embed"))
-    parser.add_argument("--data", type=Path, default=Path("../shared/data"))
+    parser = traffic.parser(__doc__, port=8221, work="runs/bench-mixed")
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--rate", type=float, default=20)
     parser.add_argument("--size", type=int, default=2048)
     parser.add_argument("--connections", type=int, default=4)
-    parser.add_argument("--port", type=int, default=8221)
-    parser.add_argument("--work", type=Path, default=Path("runs/bench-mixed"))
-    parser.add_argument("--report", type=Path, default=None)
-    parser.add_argument(
-        "--env", action="append", default=[], help="KEY=VALUE for the server (repeatable)"
-    )
     args = parser.parse_args()
-    env = dict(item.split("=", 1) for item in args.env)
-    single = write_bodies("classify", args.data, args.work / "inputs")
-    texts = [json.loads(line)["inputs"] for line in single.read_text().splitlines() if line]
+    env = traffic.env(args)
+    texts = traffic.sentences(args)
     bodies = args.work / "embed-one.jsonl"
     bodies.write_text("\n".join(json.dumps({"inputs": t, "truncate": True}) for t in texts))
     bundles = linked_bundles([args.bundle], args.work / "bundles")

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.inputs import write_bodies
+from bench.experiments import traffic
 from bench.loadgen import LoadResult, open_loop
 from bench.run import measured_with
 from bench.servers import OURS, Server, linked_bundles, serve
@@ -70,14 +70,15 @@ def together(url: str, rates: dict[str, float], bodies: Path, seconds: float) ->
 
 
 def phase(
-    args: argparse.Namespace, weights: dict[str, int], tag: str, work: Path
+    args: argparse.Namespace, weights: dict[str, int], tag: str
 ) -> AbstractContextManager[Server]:
     """A server with `weights`; yields it once warm."""
+    work = args.work
     bundles = linked_bundles([args.bundle], work / "bundles")
     env = {
         "BERTSERVE_WORKERS": str(args.workers),
         "BERTSERVE_KEYS_FILE": str(keys_file(work / f"keys-{tag}.toml", weights)),
-        **dict(item.split("=", 1) for item in args.env),
+        **traffic.env(args),
     }
     warm = json.dumps({"input": ["warm up"]}).encode()
     return serve(
@@ -94,23 +95,14 @@ def phase(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bundle", type=Path, default=Path("bundles/minilm-embed"))
-    parser.add_argument("--data", type=Path, default=Path("../shared/data"))
+    parser = traffic.parser(__doc__, port=8223, work="runs/bench-tenants")
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--rate", type=float, default=10, help="b's requests/s (a: 10x)")
     parser.add_argument("--size", type=int, default=8, help="texts a request")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--port", type=int, default=8223)
-    parser.add_argument("--work", type=Path, default=Path("runs/bench-tenants"))
-    parser.add_argument("--report", type=Path, default=None)
-    parser.add_argument(
-        "--env", action="append", default=[], help="KEY=VALUE for the server (repeatable)"
-    )
     args = parser.parse_args()
     work = args.work
-    single = write_bodies("classify", args.data, work / "inputs")
-    texts = [json.loads(line)["inputs"] for line in single.read_text().splitlines() if line]
+    texts = traffic.sentences(args)
     bodies = work / f"embed-{args.size}.jsonl"
     bodies.write_text(
         "\n".join(
@@ -120,7 +112,7 @@ def main() -> None:
     )
     flood = 10 * args.rate
     results: dict[str, object] = {}
-    with phase(args, {"a": 1, "b": 1}, "equal", work) as server:
+    with phase(args, {"a": 1, "b": 1}, "equal") as server:
         url = f"{server.base}/v1/embeddings"
         together(url, {"a": flood}, bodies, 5)  # warm both workers at saturation
         results["b alone"] = together(url, {"b": args.rate}, bodies, args.seconds)["b"]
@@ -130,7 +122,7 @@ def main() -> None:
         results["a beside"], results["b beside"] = beside["a"], beside["b"]
         results["equal rows"] = {t: after.get(t, 0) - before.get(t, 0) for t in ("a", "b")}
     time.sleep(1)
-    with phase(args, {"a": 3, "b": 1}, "3to1", work) as server:
+    with phase(args, {"a": 3, "b": 1}, "3to1") as server:
         url = f"{server.base}/v1/embeddings"
         together(url, {"a": flood}, bodies, 5)
         before = tenant_rows(server.base)
@@ -138,9 +130,10 @@ def main() -> None:
         after = tenant_rows(server.base)
         results["a 3:1"], results["b 3:1"] = both["a"], both["b"]
         results["3:1 rows"] = {t: after.get(t, 0) - before.get(t, 0) for t in ("a", "b")}
-    print(report(args, results))
+    text = report(args, results)
+    print(text)
     if args.report:
-        args.report.write_text(report(args, results))
+        args.report.write_text(text)
 
 
 def refused(result: dict) -> int:
