@@ -455,12 +455,11 @@ class Supervisor:
             # memory is tight. Try again, with back-off, while they go on; with none left
             # ready, START_ATTEMPTS times in a row, then the orchestrator is told (exit 1).
             self.failures[slot] += 1
-            others = [
-                i
+            if self.failures[slot] >= START_ATTEMPTS and not any(
+                self.ready[i] and p is not None and p.is_alive()
                 for i, p in enumerate(self.workers)
-                if i != slot and self.ready[i] and p is not None and p.is_alive()
-            ]
-            if self.failures[slot] >= START_ATTEMPTS and not others:
+                if i != slot
+            ):
                 log.error(
                     "worker %d (pid %d) exited with %s before it was ready: it failed %d "
                     "starts in a row and no worker is ready: stopping",

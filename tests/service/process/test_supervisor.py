@@ -201,6 +201,26 @@ def test_an_old_worker_killed_during_its_recycle_leaves_its_place_to_the_success
     assert recycle_to_the_end(h, 1) == old  # the freed slot is the next spare
 
 
+def test_a_worker_killed_while_it_retires_counts_its_requests_lost(harness):
+    """A retiring worker drains what it admitted; killed on the way, those clients get no
+    answer: counted, as a serving worker's are. One that retires cleanly loses nothing."""
+    h = harness(2)
+    served(h, 2)
+    recycle_to_the_end(h, 0)  # worker 0 retired with 0
+    assert h.supervisor.lost._value.get() == 0
+    h.supervisor.shared.recycle[1] = 1
+    h.tick()
+    old, new = h.supervisor.recycling
+    h.ready(new)
+    h.tick()  # the successor takes over; worker 1 is told to retire
+    assert h.worker(old).retiring
+    h.supervisor.shared.in_flight[old] = 4
+    h.worker(old).die(-signal.SIGKILL)
+    h.tick()
+    assert h.supervisor.lost._value.get() == 4
+    assert h.worker(old) is None and h.serving() == [0, 2]
+
+
 def test_a_worker_that_fails_every_start_with_none_ready_stops_the_service(harness, caplog):
     """Served once, then every worker dead and each new one failing before it is ready (a
     broken mount, memory gone): after START_ATTEMPTS tries in a row the supervisor stops, with
