@@ -166,6 +166,15 @@ class QuantizationSpec(_Strict):
     created_at: str
 
 
+class EngineSpec(_Strict):
+    """Which CPU engine serves the model graph (runtime.engine.EngineOptions.engine), unless
+    BERTSERVE_ENGINE says otherwise, and OpenVINO's precision: bf16 only with the quality it
+    was measured at written in `metrics` (docs/reports/engines.md)."""
+
+    name: Literal["ort", "openvino", "auto"] = "ort"
+    openvino_precision: Literal["f32", "bf16"] = "f32"
+
+
 class BundleSpec(_Strict):
     format_version: Literal[2]
     name: str = Field(min_length=1)
@@ -203,6 +212,7 @@ class BundleSpec(_Strict):
     # Serves its tasks when a request names no model. Without one, the first bundle by
     # directory name does; two defaults for one task are a start-up error.
     default: bool = False
+    engine: EngineSpec | None = None  # None: ONNX Runtime
 
     @model_validator(mode="after")
     def _consistent(self) -> BundleSpec:

@@ -64,6 +64,13 @@ class EngineOptions:
     # TF32 off: fp32 answers then match the CPU's within the export's 1e-4 (on, they differ by
     # about 1e-3). Speed on a GPU comes from fp16 bundles, not from TF32.
     use_tf32: bool = False
+    # Which engine runs the model graph on the CPU (runtime.openvino): "ort", "openvino",
+    # "auto" (both timed on the warm-up shapes at load, the faster kept if its answers agree),
+    # or "bundle": the bundle's own `engine` field, else "ort". Heads in graphs of their own
+    # stay on ONNX Runtime.
+    engine: str = "bundle"
+    # OpenVINO's inference precision: "f32", "bf16", or "bundle" (the bundle's field, else f32)
+    openvino_precision: str = "bundle"
 
     def provider_list(self, available: list[str]) -> list[str]:
         if self.providers == "auto":
@@ -250,6 +257,10 @@ class Engine:
             if name == "sparse_embeddings" and self.provider == CPU:
                 self.head_tokens[name] = vocab_call_tokens(spec)
         self.outputs = self.outputs + list(self.heads)
+        self.engine_name = "onnxruntime"
+        self.engine_choice: dict[str, Any] = {}
+        if self.provider == CPU:
+            self._choose_engine(directory, spec, options)
 
         # A family without segments (RoBERTa's) has no token_type_ids input; the batcher's
         # feeds carry it for every graph, and it is left out here.
@@ -262,6 +273,89 @@ class Engine:
             self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         else:
             self._shrink = None
+
+    def _choose_engine(self, directory: Path, spec: BundleSpec, options: EngineOptions) -> None:
+        """Put the model graph on OpenVINO where asked (or, with `auto`, where it measures
+        faster on the warm-up shapes and answers within the precision's tolerance), and say
+        why in `engine_choice` and the log."""
+        from bertserve.runtime import openvino
+
+        wanted = options.engine
+        if wanted == "bundle":
+            wanted = spec.engine.name if spec.engine is not None else "ort"
+        precision = options.openvino_precision
+        if precision == "bundle":
+            precision = spec.engine.openvino_precision if spec.engine is not None else "f32"
+        if wanted == "ort":
+            return
+        choice: dict[str, Any] = {"asked": wanted, "openvino_precision": precision}
+        self.engine_choice = choice
+        path = directory / spec.model_file
+        problem = openvino.available()
+        candidate: Any = None
+        names = tuple(self.inputs + self.served_all)
+        if problem is None:
+            try:
+                candidate = openvino.OpenVINOSession(path, options.threads, precision, names)
+            except Exception as exc:  # OpenVINO's own exception types
+                problem = "OpenVINO cannot read it: " + " ".join(str(exc).split())[-300:]
+        if candidate is not None:
+            read = (
+                [p.name for p in candidate.get_inputs()],
+                [p.name for p in candidate.get_outputs()],
+            )
+            if sorted(read[0]) != sorted(self.inputs) or sorted(read[1]) != sorted(self.served_all):
+                problem = f"OpenVINO's graph inputs/outputs {read} differ from ONNX Runtime's"
+        if problem is None:
+            choice["precision_in_use"] = candidate.precision_in_use
+            tolerance = BF16_TOLERANCE if candidate.precision_in_use == "bf16" else FP32_TOLERANCE
+            feeds = [
+                {k: v for k, v in f.items() if k in self.inputs}
+                for f in warmup_feeds(spec, 32, 32 * 32)
+            ]
+            difference = max(
+                _relative(a, b)
+                for f in feeds
+                for a, b in zip(
+                    self.session.run(self.served_all, f),
+                    candidate.run(self.served_all, f),
+                    strict=True,
+                )
+            )
+            choice["difference"] = float(f"{difference:.3g}")
+            choice["tolerance"] = tolerance
+            if difference > tolerance:
+                problem = f"OpenVINO's answers differ by {difference:.2g} (tolerance {tolerance:g})"
+        if problem is not None:
+            choice.update(chosen="onnxruntime", reason=problem)
+            if wanted == "openvino":
+                raise EngineError(f"{spec.name}: engine openvino was asked for, but {problem}")
+            log.info("%s stays on ONNX Runtime: %s", spec.name, problem, extra={"fields": choice})
+            return
+        if wanted == "auto":
+            ort_ms, ov_ms = _time_both(self.session, candidate, feeds, self.served_all)
+            choice.update(onnxruntime_ms=round(ort_ms, 3), openvino_ms=round(ov_ms, 3))
+            if ov_ms >= ort_ms:
+                choice.update(chosen="onnxruntime", reason="ONNX Runtime measured faster")
+                log.info("%s: auto keeps ONNX Runtime", spec.name, extra={"fields": choice})
+                return
+            choice["reason"] = "OpenVINO measured faster"
+        else:
+            choice["reason"] = "asked for"
+        choice["chosen"] = "openvino"
+        self.session = candidate
+        if self.lone_session is not None:
+            self.lone_session = openvino.OpenVINOSession(
+                path, options.lone_threads, precision, names
+            )
+        self.provider = openvino.OPENVINO
+        self.engine_name = "openvino"
+        log.info("%s runs on OpenVINO (%s)", spec.name, choice["reason"], extra={"fields": choice})
+
+    @property
+    def served_all(self) -> list[str]:
+        """The model graph's outputs (heads in graphs of their own left out)."""
+        return [o for o in self.outputs if o not in self.heads]
 
     @staticmethod
     def _head_options(name: str, options: EngineOptions) -> EngineOptions:
@@ -352,6 +446,41 @@ class Engine:
             for i in range(0, rows, step)
         ]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+# How far another engine's answers may be from ONNX Runtime's, as a fraction of the largest
+# output: fp32's export tolerance, and bfloat16 matrix products' (8 bits of mantissa; MiniLM's
+# outputs measured 0.5-1.5e-2 of the largest, docs/reports/engines.md).
+FP32_TOLERANCE = 1e-4
+BF16_TOLERANCE = 5e-2
+TIMING_ROUNDS = 5
+
+
+def _relative(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a - b).max() / max(float(np.abs(a).max()), 1e-9)) if a.size else 0.0
+
+
+def _time_both(
+    first: Any, second: Any, feeds: list[dict[str, np.ndarray]], names: list[str]
+) -> tuple[float, float]:
+    """Each session's summed median milliseconds over the feeds, the two alternated call by
+    call (so a neighbour's load falls on both), after a call of each to warm the shapes."""
+    import time
+
+    totals = [0.0, 0.0]
+    for f in feeds:
+        times: list[list[float]] = [[], []]
+        for session in (first, second):
+            session.run(names, f)
+        for _ in range(TIMING_ROUNDS):
+            for i, session in enumerate((first, second)):
+                start = time.perf_counter()
+                session.run(names, f)
+                times[i].append(time.perf_counter() - start)
+        for i in (0, 1):
+            totals[i] += float(np.median(times[i])) * 1000
+    return totals[0], totals[1]
 
 
 def warmup_feeds(

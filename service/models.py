@@ -23,6 +23,7 @@ from bertserve.runtime.bundle import (
 )
 from bertserve.runtime.capabilities import graph_tasks
 from bertserve.runtime.engine import Engine, vocab_call_tokens
+from bertserve.runtime.openvino import OPENVINO
 from bertserve.runtime.tasks import READS
 from bertserve.runtime.tasks.common import TaskContext
 from bertserve.service.metrics import Metrics
@@ -142,7 +143,7 @@ def call_tokens(spec: BundleSpec, provider: str) -> int | None:
     if (
         spec.sparse is None
         or "sparse_embeddings" in spec.heads
-        or provider != "CPUExecutionProvider"
+        or provider not in ("CPUExecutionProvider", OPENVINO)
     ):
         return None
     return vocab_call_tokens(spec)

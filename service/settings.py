@@ -62,6 +62,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "model_load_timeout_s",
         "warmup",
         "providers",
+        "engine",
+        "openvino_precision",
         "require_gpu",
         "device_id",
         "gpu_mem_limit",
@@ -190,6 +192,20 @@ class Settings(BaseSettings):
         "auto",
         description="ONNX Runtime execution providers: 'auto' (CUDA if this build has it, then "
         "CPU) or a comma-separated list of CUDAExecutionProvider, CPUExecutionProvider",
+    )
+    engine: Literal["bundle", "ort", "openvino", "auto"] = Field(
+        "bundle",
+        description="the CPU engine of each model graph: 'ort' (ONNX Runtime), 'openvino' "
+        "(the openvino extra; a graph it cannot read is a load error), 'auto' (both timed on "
+        "the warm-up shapes at load, the faster kept where the answers agree; the figures in "
+        "the log and /models), or 'bundle': the bundle's own engine field, else ort "
+        "(docs/reports/engines.md)",
+    )
+    openvino_precision: Literal["bundle", "f32", "bf16"] = Field(
+        "bundle",
+        description="OpenVINO's inference precision: f32 (ONNX Runtime's answers within 1e-4) "
+        "or bf16 (AVX-512 BF16 or AMX CPUs, f32 elsewhere; about 1e-2 of the largest "
+        "output); 'bundle': the bundle's field, else f32",
     )
     require_gpu: bool = Field(
         False, description="refuse to start unless CUDA is the active provider"
@@ -675,6 +691,8 @@ class Settings(BaseSettings):
             cpu_arena=self.cpu_arena,
             cudnn_conv_algo_search=self.cudnn_conv_algo_search,
             use_tf32=self.use_tf32,
+            engine=self.engine,
+            openvino_precision=self.openvino_precision,
         )
 
 

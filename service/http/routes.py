@@ -432,6 +432,8 @@ async def models(request: Request) -> list[dict[str, Any]]:
             "precision": m.spec.precision,
             "provider": m.engine.provider,
             "requested_provider": m.engine.requested,
+            "engine": getattr(m.engine, "engine_name", "onnxruntime"),
+            "engine_choice": getattr(m.engine, "engine_choice", {}) or None,
             "max_seq_len": m.spec.max_seq_len,
             "mask_token": m.spec.tokenizer.mask_token if "fill-mask" in m.spec.tasks else None,
             "prompts": m.spec.prompts,
