@@ -30,10 +30,18 @@ from bertserve.runtime.tasks.common import TaskContext
 from bertserve.service.settings import Settings
 
 
-def load(bundle: Path, threads: int = 0) -> tuple[Engine, TaskContext]:
-    """The bundle on the service's Engine with every core (the model's best on this machine)."""
+def load(
+    bundle: Path, threads: int = 0, engine: str = "bundle", openvino_precision: str = "bundle"
+) -> tuple[Engine, TaskContext]:
+    """The bundle on the service's Engine with every core (the model's best on this machine);
+    `engine`: Settings' engine and openvino_precision, if given."""
     spec = load_bundle_spec(bundle)
-    settings = Settings(bundles=bundle.parent, intra_op_threads=threads or os.cpu_count() or 1)
+    settings = Settings(
+        bundles=bundle.parent,
+        intra_op_threads=threads or os.cpu_count() or 1,
+        engine=engine,
+        openvino_precision=openvino_precision,
+    )
     return Engine(bundle, spec, settings.engine_options()), TaskContext.load(bundle, spec, 100_000)
 
 
@@ -48,9 +56,12 @@ def ceiling(
     pad_id: int,
     batch_sizes: tuple[int, ...] = (8, 16, 32, 64),
     seconds: float = 3.0,
+    sort: bool = True,
 ) -> dict:
-    """Sequences/s at each batch size over length-sorted rows; the best is the ceiling."""
-    ordered = sorted(rows, key=len)
+    """Sequences/s at each batch size over length-sorted rows; the best is the ceiling.
+    `sort=False`: the rows in arrival order, cut into the same sizes, as a server's batches
+    of whatever arrived together are padded to their longest."""
+    ordered = sorted(rows, key=len) if sort else list(rows)
     lengths = [len(r) for r in rows]
     per_size, cpu_us = {}, {}
     for size in batch_sizes:
@@ -103,13 +114,24 @@ def single_latency_ms(engine: Engine, rows: list, pad_id: int, count: int = 300)
     return call_ms(engine, single_feeds(rows, pad_id, count))
 
 
-def measure(bundle: Path, bodies: Path, seconds: float = 3.0) -> dict:
-    """The ceiling and the batch-1 latency of `bundle` on the /classify bodies in `bodies`."""
-    engine, ctx = load(bundle)
+def measure(
+    bundle: Path,
+    bodies: Path,
+    seconds: float = 3.0,
+    engine: str = "bundle",
+    openvino_precision: str = "bundle",
+) -> dict:
+    """The two ceilings (length-sorted batches, and the same sizes unsorted as a server forms
+    them) and the batch-1 latency of `bundle` on the /classify bodies in `bodies`."""
+    model, ctx = load(bundle, 0, engine, openvino_precision)
     rows = classify_rows(ctx, bodies)
     pad = ctx.spec.tokenizer.pad_id
-    result = ceiling(engine, rows, pad, seconds=seconds)
-    result["single_ms"] = single_latency_ms(engine, rows, pad)
+    result = ceiling(model, rows, pad, seconds=seconds)
+    unsorted = ceiling(model, rows, pad, seconds=seconds, sort=False)
+    result["unsorted"] = {k: unsorted[k] for k in ("sequences_per_s", "best_batch")}
+    result["single_ms"] = single_latency_ms(model, rows, pad)
+    result["engine"] = model.engine_name
+    result["engine_choice"] = model.engine_choice
     return result
 
 
@@ -118,8 +140,11 @@ def main() -> None:
     parser.add_argument("--bundle", type=Path, default=Path("bundles/sst2-distilled-2x192"))
     parser.add_argument("--bodies", type=Path, default=Path("runs/bench/inputs/classify.jsonl"))
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--engine", default="bundle", choices=["bundle", "ort", "openvino", "auto"])
+    parser.add_argument("--openvino-precision", default="bundle", choices=["bundle", "f32", "bf16"])
     args = parser.parse_args()
-    print(json.dumps(measure(args.bundle, args.bodies, args.seconds), indent=2))
+    result = measure(args.bundle, args.bodies, args.seconds, args.engine, args.openvino_precision)
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -51,7 +51,13 @@ class BundleRunner:
 
     def __init__(self, directory: Path, batch_size: int = 64) -> None:
         self.spec = load_bundle_spec(directory)
-        options = EngineOptions("CPUExecutionProvider", threads=os.cpu_count() or 1)
+        # the service's engine settings, read from the same environment variables
+        options = EngineOptions(
+            "CPUExecutionProvider",
+            threads=os.cpu_count() or 1,
+            engine=os.environ.get("BERTSERVE_ENGINE", "bundle"),
+            openvino_precision=os.environ.get("BERTSERVE_OPENVINO_PRECISION", "bundle"),
+        )
         self.engine = Engine(directory, self.spec, options)
         self.ctx = TaskContext.load(directory, self.spec, max_text_chars=1_000_000)
         self.batch_size = batch_size
