@@ -25,10 +25,13 @@ import numpy as np
 
 from bertserve.runtime.bundle import SEGMENTS, BundleSpec
 from bertserve.runtime.capabilities import ON_DEMAND
+from bertserve.runtime.openvino import OPENVINO
 
 log = logging.getLogger(__name__)
 ort_log = logging.getLogger("onnxruntime")
 CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
+CPU_PROVIDERS = (CPU, OPENVINO)  # what Engine.provider reads for a model on the CPU
+ENGINES, OPENVINO_PRECISIONS = ("bundle", "ort", "openvino", "auto"), ("bundle", "f32", "bf16")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # "2026-11-30 10:06:23.678 [W:onnxruntime:Default, file.cc:950 operator()] message" -> message
 ORT_PREFIX = re.compile(r"^\S+ \S+ \[[A-Z]:onnxruntime:[^\]]*\]\s*")
@@ -280,6 +283,11 @@ class Engine:
         why in `engine_choice` and the log."""
         from bertserve.runtime import openvino
 
+        if options.engine not in ENGINES or options.openvino_precision not in OPENVINO_PRECISIONS:
+            raise EngineError(
+                f"engine {options.engine!r} / openvino_precision {options.openvino_precision!r}: "
+                f"the engine is one of {ENGINES}, the precision one of {OPENVINO_PRECISIONS}"
+            )
         wanted = options.engine
         if wanted == "bundle":
             wanted = spec.engine.name if spec.engine is not None else "ort"
@@ -348,7 +356,7 @@ class Engine:
             self.lone_session = openvino.OpenVINOSession(
                 path, options.lone_threads, precision, names
             )
-        self.provider = openvino.OPENVINO
+        self.provider = OPENVINO
         self.engine_name = "openvino"
         log.info("%s runs on OpenVINO (%s)", spec.name, choice["reason"], extra={"fields": choice})
 

@@ -87,14 +87,13 @@ class OpenVINOSession:
         return [OPENVINO]
 
     def run(
-        self, names: list[str] | None, feeds: dict[str, np.ndarray], options: Any = None
+        self, names: list[str], feeds: dict[str, np.ndarray], options: Any = None
     ) -> list[np.ndarray]:
-        """The outputs named (all if None), copied out of this thread's request. `options`
-        (ONNX Runtime's RunOptions) has no OpenVINO meaning and is ignored."""
+        """The outputs named, copied out of this thread's request. `options` (ONNX Runtime's
+        RunOptions) has no OpenVINO meaning and is ignored."""
         request = getattr(self._local, "request", None)
         if request is None:
             request = self._local.request = self.compiled.create_infer_request()
         out = request.infer(feeds, share_inputs=True, share_outputs=True)
         by_name = {self._names[port.get_any_name()]: value for port, value in out.items()}
-        wanted = names if names is not None else [o.name for o in self._outputs]
-        return [np.array(by_name[name], copy=True) for name in wanted]
+        return [np.array(by_name[name], copy=True) for name in names]

@@ -22,8 +22,7 @@ from bertserve.runtime.bundle import (
     load_bundle_spec,
 )
 from bertserve.runtime.capabilities import graph_tasks
-from bertserve.runtime.engine import Engine, vocab_call_tokens
-from bertserve.runtime.openvino import OPENVINO
+from bertserve.runtime.engine import CPU_PROVIDERS, Engine, vocab_call_tokens
 from bertserve.runtime.tasks import READS
 from bertserve.runtime.tasks.common import TaskContext
 from bertserve.service.metrics import Metrics
@@ -140,11 +139,7 @@ def call_tokens(spec: BundleSpec, provider: str) -> int | None:
     graph with a vocabulary-wide head on a CPU (runtime.engine.VOCAB_CALL_BYTES); None
     elsewhere (a GPU's memory is its own), and for a head in a graph of its own, whose calls the
     engine bounds while the encoder's stay whole."""
-    if (
-        spec.sparse is None
-        or "sparse_embeddings" in spec.heads
-        or provider not in ("CPUExecutionProvider", OPENVINO)
-    ):
+    if spec.sparse is None or "sparse_embeddings" in spec.heads or provider not in CPU_PROVIDERS:
         return None
     return vocab_call_tokens(spec)
 

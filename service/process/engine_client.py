@@ -32,6 +32,10 @@ class RemoteBackend:
         self._conn: Connection | None = None
         self._lock = threading.Lock()
         self.provider = self.requested = "unknown"
+        # the engine process's models are on ONNX Runtime (OpenVINO is a CPU engine, chosen
+        # in the workers' own Engine)
+        self.engine_name = "onnxruntime"
+        self.engine_choice: dict[str, object] = {}
         with self._lock:
             self._connect()
 

@@ -154,6 +154,19 @@ def test_forcing_openvino_where_it_is_missing_or_unreadable_is_a_load_error(
     }
 
 
+def test_an_engine_name_not_known_is_refused_not_taken_for_openvino(bundle_dir):
+    """`bertserve evaluate` passes BERTSERVE_ENGINE unvalidated: a misspelling must not run
+    OpenVINO as if it had been asked for."""
+    directory = bundle_dir / "sentiment"
+    spec = load_bundle_spec(directory)
+    for options in (
+        EngineOptions(CPU, 1, engine="openvnio"),
+        EngineOptions(CPU, 1, engine="openvino", openvino_precision="fp16"),
+    ):
+        with pytest.raises(EngineError, match="the engine is one of"):
+            Engine(directory, spec, options)
+
+
 def test_a_server_on_openvino_answers_as_one_on_onnx_runtime_and_says_so(bundle_dir):
     """BERTSERVE_ENGINE=openvino through real HTTP: /models names the engine and its choice,
     /health/ready the provider, the metrics' model_info the provider, and /classify and /qa
