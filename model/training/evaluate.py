@@ -391,7 +391,14 @@ def evaluate(
     if not set(needed) & set(runner.spec.tasks):
         raise ValueError(f"bundle {bundle} serves {runner.spec.tasks}, not {needed}")
     evaluator: Any = EVALUATORS[task]
-    return evaluator(runner, data_dir)
+    result: dict[str, Any] = evaluator(runner, data_dir)
+    if runner.engine.engine_name != "onnxruntime":  # BERTSERVE_ENGINE, or the bundle's field
+        choice = runner.engine.engine_choice or {}
+        result["engine"] = {
+            "name": runner.engine.engine_name,
+            "precision": choice.get("precision_in_use"),
+        }
+    return result
 
 
 # The instruction sets that choose ONNX Runtime's int8 and float kernels on x86-64: an int8
@@ -431,10 +438,23 @@ def machine(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
     }
 
 
+def metrics_key(task: str, result: dict[str, Any]) -> str:
+    """Where `result` goes in a bundle's metrics: `task` on ONNX Runtime, else beside it with
+    the engine and precision it ran on ("qa openvino-bf16")."""
+    engine = result.get("engine")
+    return f"{task} {engine['name']}-{engine['precision']}" if engine else task
+
+
 def record(bundle: Path, task: str, result: dict[str, Any]) -> None:
-    """Write `result` into the bundle's bundle.json as metrics[task], with the machine it was
-    measured on, validated as the service will read it."""
+    """Write `result` into the bundle's bundle.json as metrics[task] (metrics_key: with the
+    engine's name where it is not ONNX Runtime), with the machine it was measured on, validated
+    as the service will read it."""
     result = {**result, "machine": machine()}
+    if "engine" in result:
+        import openvino
+
+        result["machine"]["openvino"] = openvino.__version__
+    task = metrics_key(task, result)
     path = bundle / "bundle.json"
     spec = load_bundle_spec(bundle)
     updated = spec.model_copy(update={"metrics": {**spec.metrics, task: result}})

@@ -203,3 +203,31 @@ def test_a_server_on_openvino_answers_as_one_on_onnx_runtime_and_says_so(bundle_
     assert answers["openvino"]["/qa"]["score"] == pytest.approx(
         answers["ort"]["/qa"]["score"], abs=1e-4
     )
+
+
+def test_an_evaluation_on_openvino_is_recorded_beside_onnx_runtimes(
+    bundle_dir, tmp_path, monkeypatch
+):
+    """`bertserve evaluate --record` under BERTSERVE_ENGINE=openvino: the figure says the
+    engine it ran on, and goes beside ONNX Runtime's, not over it."""
+    from bertserve.model.training.evaluate import evaluate, record
+
+    data = tmp_path / "sst2"
+    data.mkdir()
+    lines = ["sentence\tlabel", *(f"a {w} film\t{i % 2}" for i, w in enumerate("fine dull odd"))]
+    (data / "dev.tsv").write_text("\n".join(lines) + "\n")
+    bundle = tmp_path / "sentiment"
+    shutil.copytree(bundle_dir / "sentiment", bundle)
+    on_ort = evaluate("classify", bundle, data)
+    assert "engine" not in on_ort
+    monkeypatch.setenv("BERTSERVE_ENGINE", "openvino")
+    monkeypatch.setenv("BERTSERVE_OPENVINO_PRECISION", "f32")
+    on_openvino = evaluate("classify", bundle, data)
+    assert on_openvino["engine"] == {"name": "openvino", "precision": "f32"}
+    assert on_openvino["accuracy"] == on_ort["accuracy"]  # f32: the same predictions
+    record(bundle, "classify", on_ort)
+    record(bundle, "classify", on_openvino)
+    metrics = json.loads((bundle / "bundle.json").read_text())["metrics"]
+    assert set(metrics) == {"classify", "classify openvino-f32"}
+    assert "openvino" not in metrics["classify"]["machine"]
+    assert metrics["classify openvino-f32"]["machine"]["openvino"].startswith("2026.4")
