@@ -108,7 +108,8 @@ def test_ready_line_names_the_real_port_models_and_provider(bundle_dir):
         assert facts["example"].startswith(f"curl -s {facts['url']}/classify ")
     finally:
         process.terminate()
-        process.wait(timeout=30)
+        # Read what it writes while it stops: a server blocked on a full pipe never exits.
+        process.communicate(timeout=30)
 
 
 def test_ready_text_for_people():
