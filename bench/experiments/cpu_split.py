@@ -26,6 +26,7 @@ import re
 import time
 from pathlib import Path
 
+from bench.ab import importable
 from bench.inputs import write_bodies
 from bench.loadgen import closed_loop
 from bench.servers import OURS, only_bundles, serve
@@ -186,9 +187,21 @@ def main() -> None:
         for arm in arms if rnd % 2 == 0 else reversed(arms):
             name = OURS if arm == "bertserve" or arm in trees else arm
             cwd = Path(trees[arm]) if arm in trees else None
+            env, module = {}, "bertserve.service"
+            if cwd is not None:  # that tree's code, not the installed `bertserve` (this one)
+                path, module = importable(cwd, args.out)
+                env = {"PYTHONPATH": str(path)}
             log = args.out / f"{arm}-{rnd}.log"
             with serve(
-                name, bundles, bundles / args.bundle, PORT, ready.encode(), log, cwd=cwd
+                name,
+                bundles,
+                bundles / args.bundle,
+                PORT,
+                ready.encode(),
+                log,
+                env=env,
+                cwd=cwd,
+                module=module,
             ) as s:
                 url = s.url(args.endpoint)
                 closed_loop(url, bodies, 32, 2)  # warm
