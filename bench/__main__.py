@@ -93,6 +93,12 @@ MODES: dict[str, Mode] = {
         "bench.experiments.traffic.mixed", "an indexer beside an interactive client, each alone"
     ),
     "topology": Mode("bench.experiments.topology", "workers vs one engine process, A/B"),
+    "engine-choice": Mode(
+        "bench.experiments.cpu.engine_choice", "ort, openvino and auto on one bundle, alternated"
+    ),
+    "floor": Mode(
+        "bench.experiments.cpu.floor", "a /classify's microseconds by step, lone and at 32"
+    ),
 }
 
 

@@ -1,7 +1,7 @@
 """Does `auto` pick the faster engine? A bundle on ONNX Runtime, on OpenVINO and on `auto`, all
 three loaded in this one process, their raw ceilings measured in alternating rounds.
 
-    python -m bench.experiments.engine_choice --bundle bundles/squad-minilm \
+    bertserve bench engine-choice --bundle bundles/squad-minilm \
         --openvino-precision bf16 [--rounds 3] [--seconds 1.5] [--out docs/reports/x.json]
 
 Each round measures the three in turn (the order reversed every other round) with
@@ -23,7 +23,7 @@ from pathlib import Path
 from bench.ceiling import ceiling, classify_rows, load
 from bench.run import commit, machine
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ARMS = ("ort", "openvino", "auto")
 WITHIN = 0.95  # auto's ceiling against the faster forced engine's
 
