@@ -244,6 +244,8 @@ class Groups:
 
 def weighted_mean(values: list[np.ndarray], weights: list[int]) -> np.ndarray:
     """The mean of `values`, each counted by its weight (a chunk's pieces)."""
+    if len(values) == 1:  # a text that fits one window, the usual case: the mean is itself
+        return values[0].astype(np.float64)
     w = np.asarray(weights, dtype=np.float64)
     stacked = np.stack([v.astype(np.float64) for v in values])
     return (stacked * w[:, None]).sum(0) / w.sum()
