@@ -91,6 +91,11 @@ def matches(printed: tuple[str, str], got: tuple[str, Any], slack: float = 0.0) 
 # AVX-512 VNNI Xeon answers 0.9964 (sst2-distilled-2x192), and 0.9958 against 0.995
 # (conll-minilm): 8e-4 at most; allowed 2.5 times that (docs/model-card.md#across-cpus).
 INT8_ACROSS_CPUS = 2e-3
+# squad-minilm asks for OpenVINO bf16 where OpenVINO is installed and the CPU has the
+# instructions (its bundle.json `engine`): the README prints ONNX Runtime's answer, and bf16's
+# moves the /qa example's score in the third decimal (0.8888 against 0.8898 on an AVX-512 BF16
+# EPYC); allowed 5 times that.
+BF16_ON_OPENVINO = 5e-3
 
 
 def tolerance(printed: str, across_cpus: float = 0.0) -> float:
@@ -102,8 +107,9 @@ def tolerance(printed: str, across_cpus: float = 0.0) -> float:
 
 def across_cpus(server, path: str) -> float:
     """INT8_ACROSS_CPUS if the model that answers `path` (with its ?model=) runs int8 matrix
-    kernels, else 0: fp32 and fp16 weights, and int8 or 4-bit word tables (dequantised before
-    any product), compute alike on every x86-64 CPU."""
+    kernels, BF16_ON_OPENVINO if it runs on OpenVINO in bf16, else 0: fp32 and fp16 weights, and
+    int8 or 4-bit word tables (dequantised before any product), compute alike on every x86-64
+    CPU."""
     route, _, query = path.partition("?")
     name = dict(urllib.parse.parse_qsl(query)).get("model")
     task = TASKS.get(route)
@@ -111,8 +117,12 @@ def across_cpus(server, path: str) -> float:
         model = server.state.models.get(name)
     else:
         model = server.state.defaults.get(task.capability) if task is not None else None
-    precision = model.spec.precision if model is not None else ""
-    return INT8_ACROSS_CPUS if precision.startswith("int8") else 0.0
+    if model is None:
+        return 0.0
+    choice = model.engine.engine_choice or {}
+    if choice.get("chosen") == "openvino" and choice.get("precision_in_use") == "bf16":
+        return BF16_ON_OPENVINO
+    return INT8_ACROSS_CPUS if model.spec.precision.startswith("int8") else 0.0
 
 
 @pytest.fixture(scope="module")
