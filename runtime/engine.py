@@ -306,7 +306,8 @@ class Engine:
             try:
                 candidate = openvino.OpenVINOSession(path, options.threads, precision, names)
             except Exception as exc:  # OpenVINO's own exception types
-                problem = "OpenVINO cannot read it: " + " ".join(str(exc).split())[-300:]
+                # a graph it cannot convert, or a node its CPU plugin has no kernel for here
+                problem = "OpenVINO cannot read or compile it: " + " ".join(str(exc).split())[-300:]
         if candidate is not None:
             read = (
                 [p.name for p in candidate.get_inputs()],
