@@ -466,8 +466,17 @@ TIMING_ROUNDS = 5
 
 
 def _relative(a: np.ndarray, b: np.ndarray) -> float:
+    """The largest difference as a fraction of `a`'s largest value; infinite where `b` holds a
+    NaN or an infinity `a` does not (NaN compares below every tolerance)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.abs(a - b).max() / max(float(np.abs(a).max()), 1e-9)) if a.size else 0.0
+    if not a.size:
+        return 0.0
+    if not np.array_equal(np.isfinite(a), np.isfinite(b)):
+        return float("inf")
+    finite = np.isfinite(a)
+    if not finite.any():
+        return 0.0
+    return float(np.abs(a - b)[finite].max() / max(float(np.abs(a[finite]).max()), 1e-9))
 
 
 def _time_both(

@@ -274,3 +274,15 @@ print(json.dumps({{"engine": auto.engine_name, "choice": auto.engine_choice, "di
         assert result["diff"] == 0.0
     else:
         assert result["diff"] <= choice["tolerance"]
+
+
+def test_a_nan_in_openvinos_answers_is_never_within_tolerance():
+    """NaN compares below every tolerance: a graph whose OpenVINO answers held NaN (a static
+    int8 graph did, bench/experiments/cpu/static_int8.py) must not pass auto's check."""
+    from bertserve.runtime.engine import _relative
+
+    ort = np.array([[1.0, -2.0], [0.5, 4.0]])
+    assert _relative(ort, ort + 1e-6) == pytest.approx(2.5e-7)
+    assert _relative(ort, np.array([[1.0, np.nan], [0.5, 4.0]])) == float("inf")
+    assert _relative(ort, np.array([[np.inf, -2.0], [0.5, 4.0]])) == float("inf")
+    assert _relative(np.zeros((0, 2)), np.zeros((0, 2))) == 0.0
