@@ -96,6 +96,9 @@ MODES: dict[str, Mode] = {
     "engine-choice": Mode(
         "bench.experiments.cpu.engine_choice", "ort, openvino and auto on one bundle, alternated"
     ),
+    "static-int8": Mode(
+        "bench.experiments.cpu.static_int8", "calibrated QDQ int8 against the shipped graph"
+    ),
     "floor": Mode(
         "bench.experiments.cpu.floor", "a /classify's microseconds by step, lone and at 32"
     ),
