@@ -51,11 +51,13 @@ class BundleRunner:
 
     def __init__(self, directory: Path, batch_size: int = 64) -> None:
         self.spec = load_bundle_spec(directory)
-        # the service's engine settings, read from the same environment variables
+        # The service's engine settings, read from the same environment variables, but ONNX
+        # Runtime unless BERTSERVE_ENGINE says otherwise: a bundle's `auto` would make which
+        # engine a figure (and --record's key) belongs to depend on a timing at load.
         options = EngineOptions(
             "CPUExecutionProvider",
             threads=os.cpu_count() or 1,
-            engine=os.environ.get("BERTSERVE_ENGINE", "bundle"),
+            engine=os.environ.get("BERTSERVE_ENGINE", "ort"),
             openvino_precision=os.environ.get("BERTSERVE_OPENVINO_PRECISION", "bundle"),
         )
         self.engine = Engine(directory, self.spec, options)
