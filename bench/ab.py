@@ -91,6 +91,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "ab")
     args = parser.parse_args()
 
+    args.old, args.work = args.old.resolve(), args.work.resolve()  # served from other folders
     new_bundles = args.work / "bundles-v2"
     for bundle in sorted((args.old / "bundles").glob("*/bundle.json")):
         as_format_2(bundle.parent, new_bundles / bundle.parent.name)
@@ -107,7 +108,10 @@ def main() -> None:
             path, module = importable(tree, args.work)
             env = {"PYTHONPATH": str(path), "BERTSERVE_LOG_LEVEL": "warning"}
             log = args.work / f"server-{name}.log"
-            with serve(OURS, bundles, bundles, PORT, ready, log, env, cwd=tree, module=module):
+            # From the import path's own folder: `python -m` puts its working directory first,
+            # and a tree's bertserve/ there (no service/ in it) let the editable install supply
+            # this checkout's service instead.
+            with serve(OURS, bundles, bundles, PORT, ready, log, env, cwd=path, module=module):
                 for endpoint in endpoints:
                     url = f"http://127.0.0.1:{PORT}/{endpoint}"
                     closed_loop(url, bodies[endpoint], 8, 2)  # warm-up

@@ -191,6 +191,9 @@ def main() -> None:
             if cwd is not None:  # that tree's code, not the installed `bertserve` (this one)
                 path, module = importable(cwd, args.out)
                 env = {"PYTHONPATH": str(path)}
+                # `python -m` puts its working directory first: the tree's own bertserve/ holds
+                # no service/, and the editable install's finder supplied this checkout's.
+                cwd = path
             log = args.out / f"{arm}-{rnd}.log"
             with serve(
                 name,

@@ -85,3 +85,34 @@ def test_auto_is_judged_by_the_engine_it_chose_forced():
         0.909, abs=1e-3
     )
     assert not wrong["passed"]
+
+
+def test_another_tree_is_served_from_its_own_code(tmp_path):
+    """bench ab and cpu-split --tree run the other tree's service from the link farm
+    `importable` builds: from the tree's own folder, its bertserve/ (no service/ in it) came
+    first and the editable install's finder supplied this checkout's service."""
+    import subprocess
+    import sys
+
+    from bench.ab import importable
+
+    tree = tmp_path / "tree"
+    (tree / "bertserve").mkdir(parents=True)
+    (tree / "bertserve" / "__init__.py").write_text("")
+    for folder in ("export", "model", "runtime", "service"):
+        (tree / folder).mkdir()
+        (tree / folder / "__init__.py").write_text(f"WHERE = {str(tree)!r}\n")
+    (tree / "pyproject.toml").write_text(
+        '[tool.setuptools.package-dir]\n"bertserve.service" = "service"\n'
+    )
+    path, module = importable(tree, tmp_path / "work")
+    assert module == "bertserve.service"
+    where = subprocess.run(
+        [sys.executable, "-c", "import bertserve.service as s; print(s.WHERE)"],
+        cwd=path,
+        env={"PYTHONPATH": str(path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert where.stdout.strip() == str(tree)
