@@ -135,16 +135,21 @@ def per_request_us(samples: collections.Counter[str], loops_us: float) -> dict[s
     return {s: loops_us * samples[s] / total for s in order if samples[s]}
 
 
+def py_spy() -> str:
+    """py-spy's command: the virtualenv's (not on PATH when it is not activated), else PATH's."""
+    beside = Path(sys.executable).parent / "py-spy"
+    spy = str(beside) if beside.exists() else shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("py-spy is not installed: pip install -c constraints.txt -e '.[dev]'")
+    return spy
+
+
 def profile(
     pid: int, url: str, bodies: Path, connections: int, seconds: float, rate: int, out: Path
 ) -> str:
     """py-spy's raw samples of the server's processes under `seconds` of closed-loop load."""
-    beside = Path(sys.executable).parent / "py-spy"  # the virtualenv's, not on PATH
-    spy = str(beside) if beside.exists() else shutil.which("py-spy")
-    if spy is None:
-        raise SystemExit("py-spy is not installed: pip install -e '.[dev]'")
     record = [
-        spy,
+        py_spy(),
         "record",
         "--pid",
         str(pid),
@@ -160,11 +165,15 @@ def profile(
         "--output",
         str(out),
     ]
-    spy_proc = subprocess.Popen(record, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    time.sleep(1)  # attached before the load starts
-    closed_loop(url, bodies, connections, seconds)
-    if spy_proc.wait(timeout=60) != 0 or not out.exists():
-        raise SystemExit(f"py-spy record failed (exit {spy_proc.returncode})")
+    errors = out.with_suffix(".stderr")
+    with open(errors, "wb") as stderr:
+        spy_proc = subprocess.Popen(record, stdout=subprocess.DEVNULL, stderr=stderr)
+        time.sleep(1)  # attached before the load starts
+        closed_loop(url, bodies, connections, seconds)
+        code = spy_proc.wait(timeout=60)
+    if code != 0 or not out.exists():  # e.g. no ptrace permission (CAP_SYS_PTRACE in a container)
+        said = errors.read_text(errors="replace").strip()[-500:]
+        raise SystemExit(f"py-spy record failed (exit {code}): {said}")
     return out.read_text()
 
 
@@ -219,6 +228,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="also write the tables here")
     args = parser.parse_args()
 
+    py_spy()  # before any server starts
     bundles = only_bundles(args.bundles, [args.bundle], args.work / "bundles")
     bodies = write_bodies("classify", args.data, args.work / "inputs")
     ready = bodies.read_text().split("\n")[0].encode()
@@ -243,6 +253,7 @@ def main() -> None:
                     "loop_steps_us": per_request_us(samples, cpu["us_per_answer"]["loops"]),
                 }
         rounds.append(row)
+        (args.work / "rounds.json").write_text(json.dumps(rounds, indent=1))  # kept if one fails
         print(json.dumps(row), flush=True)
     ceiling = raw_ceiling(bundles / args.bundle, bodies, seconds=2)
     text = "\n\n".join(table(rounds, c, ceiling) for c in LEVELS)
