@@ -248,6 +248,7 @@ async def _run(call: Call, off_loop: bool) -> Any:
     else:
         call.rows, call.prepared = task.plan(model.ctx, call.items, call.request)
     t1 = time.perf_counter()
+    call.stats["tokenize_ms"] = 1000 * (t1 - t0)  # TEI's tokenization_time_ns (service.grpc.tei)
     checkpoint()
     rows = call.rows
     # More could never be admitted: a client batch's rows queue in the bulk lane.

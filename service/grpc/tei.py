@@ -60,6 +60,7 @@ def metadata(stats: dict[str, Any], chars: int, started: float) -> Any:
         compute_chars=chars,
         compute_tokens=int(stats.get("tokens", 0)),
         total_time_ns=int((time.monotonic() - started) * 1e9),
+        tokenization_time_ns=int(stats.get("tokenize_ms", 0.0) * 1e6),
         queue_time_ns=int(stats.get("queue_ms", 0.0) * 1e6),
         inference_time_ns=int(stats.get("inference_ms", 0.0) * 1e6),
     )
@@ -287,6 +288,7 @@ class Rerank(Base, pb_grpc.RerankServicer):
             compute_chars=sum(m.compute_chars for m in metas),
             compute_tokens=sum(m.compute_tokens for m in metas),
             total_time_ns=sum(m.total_time_ns for m in metas),
+            tokenization_time_ns=sum(m.tokenization_time_ns for m in metas),
             queue_time_ns=sum(m.queue_time_ns for m in metas),
             inference_time_ns=sum(m.inference_time_ns for m in metas),
         )

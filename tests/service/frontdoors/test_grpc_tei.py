@@ -63,6 +63,9 @@ def test_embed_unary_and_streamed_answers_are_the_json_routes(server, channel):
     assert np.allclose(one.embeddings, dense[0], atol=1e-6)
     assert one.metadata.compute_tokens > 0 and one.metadata.total_time_ns > 0
     assert one.metadata.compute_chars == len(TEXTS[0])
+    # each stage measured, none longer than the whole call
+    stages = (one.metadata.tokenization_time_ns, one.metadata.inference_time_ns)
+    assert all(0 < ns <= one.metadata.total_time_ns for ns in stages)
     streamed = list(
         stub.EmbedStream(iter(pb.EmbedRequest(inputs=t, normalize=True) for t in TEXTS))
     )
