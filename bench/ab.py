@@ -6,9 +6,9 @@
 An old tree whose bundles are already format 2 is served as it is (a recent commit, given the
 current models under its bundles/, for an A/B of one change on those models).
 
-Each side runs the service from its own tree (`importable`: a tree from before the one import
-name runs as `python -m service`, a later one through links named `bertserve.*`; it must serve
-/classify, the readiness check) at its default settings, one side at a time, alternating
+Each side runs the service from its own tree (bench.servers.from_tree: a tree from before the
+one import name runs as `python -m service`, a later one through links named `bertserve.*`; it
+must serve /classify, the readiness check) at its default settings, one side at a time, alternating
 the order every round; wrk drives each endpoint closed-loop at each concurrency. The old tree
 serves its own `bundles/`; this tree serves the same model files under bundle.json format 2
 (`as_format_2`), so only the code differs. Machine load matters more than anything here: pause
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bench.inputs import write_bodies
 from bench.loadgen import closed_loop
-from bench.servers import OURS, serve
+from bench.servers import OURS, from_tree, serve
 
 ROOT = Path(__file__).resolve().parents[1]
 PORT = 8123
@@ -63,23 +63,6 @@ def as_format_2(src: Path, dst: Path) -> None:
     (dst / "bundle.json").write_text(json.dumps(spec, indent=2) + "\n")
 
 
-def importable(tree: Path, work: Path) -> tuple[Path, str]:
-    """What to put on PYTHONPATH to run `tree`'s service, and its module. A tree whose folders
-    install as `bertserve.*` (pyproject.toml's package-dir) gets a link farm under `work`, so
-    its code, not the installed checkout's, is what imports (PYTHONPATH comes before the
-    editable install's finder)."""
-    if '"bertserve.service" = "service"' not in (tree / "pyproject.toml").read_text():
-        return tree, "service"
-    farm = work / "trees" / hashlib.sha256(str(tree.resolve()).encode()).hexdigest()[:12]
-    shutil.rmtree(farm, ignore_errors=True)
-    (farm / "bertserve").mkdir(parents=True)
-    for path in (tree / "bertserve").glob("*.py"):
-        (farm / "bertserve" / path.name).symlink_to(path.resolve())
-    for folder in ("export", "model", "runtime", "service"):
-        (farm / "bertserve" / folder).symlink_to((tree / folder).resolve())
-    return farm, "bertserve.service"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--old", type=Path, required=True, help="the old source tree")
@@ -105,13 +88,12 @@ def main() -> None:
         order = list(sides) if r % 2 == 0 else list(reversed(sides))
         for name in order:
             tree, bundles = sides[name]
-            path, module = importable(tree, args.work)
-            env = {"PYTHONPATH": str(path), "BERTSERVE_LOG_LEVEL": "warning"}
+            launch = from_tree(tree, args.work)
+            env = launch.env | {"BERTSERVE_LOG_LEVEL": "warning"}
             log = args.work / f"server-{name}.log"
-            # From the import path's own folder: `python -m` puts its working directory first,
-            # and a tree's bertserve/ there (no service/ in it) let the editable install supply
-            # this checkout's service instead.
-            with serve(OURS, bundles, bundles, PORT, ready, log, env, cwd=path, module=module):
+            with serve(
+                OURS, bundles, bundles, PORT, ready, log, env, cwd=launch.cwd, module=launch.module
+            ):
                 for endpoint in endpoints:
                     url = f"http://127.0.0.1:{PORT}/{endpoint}"
                     closed_loop(url, bodies[endpoint], 8, 2)  # warm-up

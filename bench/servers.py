@@ -4,6 +4,7 @@ goes when it stops."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -56,6 +57,36 @@ def linked_bundles(bundles: list[Path], out: Path) -> Path:
     for bundle in bundles:
         (out / bundle.name).symlink_to(bundle.resolve())
     return out
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to start another source tree's service: its import path (PYTHONPATH), the folder
+    to start it from, and its module."""
+
+    env: dict[str, str]
+    cwd: Path
+    module: str
+
+
+def from_tree(tree: Path, work: Path) -> Launch:
+    """`tree`'s service, not the installed checkout's. A tree from before the one import name
+    runs as `python -m service` from its own folder; a tree whose folders install as
+    `bertserve.*` (pyproject.toml's package-dir) gets a link farm under `work` and starts from
+    there: `python -m` puts its working directory first on sys.path, and from the tree's own
+    folder its bertserve/ (no service/ in it) was found first and the editable install's finder
+    supplied this checkout's service."""
+    tree = tree.resolve()
+    if '"bertserve.service" = "service"' not in (tree / "pyproject.toml").read_text():
+        return Launch({"PYTHONPATH": str(tree)}, tree, "service")
+    farm = work.resolve() / "trees" / hashlib.sha256(str(tree).encode()).hexdigest()[:12]
+    shutil.rmtree(farm, ignore_errors=True)
+    (farm / "bertserve").mkdir(parents=True)
+    for path in (tree / "bertserve").glob("*.py"):
+        (farm / "bertserve" / path.name).symlink_to(path.resolve())
+    for folder in ("export", "model", "runtime", "service"):
+        (farm / "bertserve" / folder).symlink_to((tree / folder).resolve())
+    return Launch({"PYTHONPATH": str(farm)}, farm, "bertserve.service")
 
 
 def command(

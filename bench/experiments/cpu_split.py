@@ -26,10 +26,9 @@ import re
 import time
 from pathlib import Path
 
-from bench.ab import importable
 from bench.inputs import write_bodies
 from bench.loadgen import closed_loop
-from bench.servers import OURS, only_bundles, serve
+from bench.servers import OURS, from_tree, only_bundles, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 8131
@@ -115,6 +114,7 @@ def measure(base: str, url: str, pgid: int, bodies: Path, c: int, seconds: float
     return {
         "c": c,
         "rps": round(result.throughput, 1),
+        "p50_ms": round(result.p50_ms, 3),
         "non_200": result.requests - result.ok,
         "errors": result.errors,
         "rows_per_call": round((rows1[0] - rows0[0]) / calls, 2) if calls else None,
@@ -186,14 +186,8 @@ def main() -> None:
         arms = args.arms.split(",")
         for arm in arms if rnd % 2 == 0 else reversed(arms):
             name = OURS if arm == "bertserve" or arm in trees else arm
-            cwd = Path(trees[arm]) if arm in trees else None
-            env, module = {}, "bertserve.service"
-            if cwd is not None:  # that tree's code, not the installed `bertserve` (this one)
-                path, module = importable(cwd, args.out)
-                env = {"PYTHONPATH": str(path)}
-                # `python -m` puts its working directory first: the tree's own bertserve/ holds
-                # no service/, and the editable install's finder supplied this checkout's.
-                cwd = path
+            # another tree's arm: that tree's code, not the installed `bertserve` (this one)
+            launch = from_tree(Path(trees[arm]), args.out) if arm in trees else None
             log = args.out / f"{arm}-{rnd}.log"
             with serve(
                 name,
@@ -202,9 +196,9 @@ def main() -> None:
                 PORT,
                 ready.encode(),
                 log,
-                env=env,
-                cwd=cwd,
-                module=module,
+                env=launch.env if launch else None,
+                cwd=launch.cwd if launch else None,
+                module=launch.module if launch else "bertserve.service",
             ) as s:
                 url = s.url(args.endpoint)
                 closed_loop(url, bodies, 32, 2)  # warm

@@ -88,13 +88,13 @@ def test_auto_is_judged_by_the_engine_it_chose_forced():
 
 
 def test_another_tree_is_served_from_its_own_code(tmp_path):
-    """bench ab and cpu-split --tree run the other tree's service from the link farm
-    `importable` builds: from the tree's own folder, its bertserve/ (no service/ in it) came
-    first and the editable install's finder supplied this checkout's service."""
+    """bench ab and cpu-split --tree start the other tree's service as bench.servers.from_tree
+    says: started from the tree's own folder, its bertserve/ (no service/ in it) came first and
+    the editable install's finder supplied this checkout's service."""
     import subprocess
     import sys
 
-    from bench.ab import importable
+    from bench.servers import from_tree
 
     tree = tmp_path / "tree"
     (tree / "bertserve").mkdir(parents=True)
@@ -105,14 +105,23 @@ def test_another_tree_is_served_from_its_own_code(tmp_path):
     (tree / "pyproject.toml").write_text(
         '[tool.setuptools.package-dir]\n"bertserve.service" = "service"\n'
     )
-    path, module = importable(tree, tmp_path / "work")
-    assert module == "bertserve.service"
+    launch = from_tree(tree, tmp_path / "work")
+    assert launch.module == "bertserve.service"
     where = subprocess.run(
-        [sys.executable, "-c", "import bertserve.service as s; print(s.WHERE)"],
-        cwd=path,
-        env={"PYTHONPATH": str(path), "PATH": "/usr/bin:/bin"},
+        [sys.executable, "-c", f"import {launch.module} as s; print(s.WHERE)"],
+        cwd=launch.cwd,
+        env=launch.env | {"PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         check=True,
     )
     assert where.stdout.strip() == str(tree)
+    # from the tree's own folder this very import is the installed checkout's: no WHERE
+    wrong = subprocess.run(
+        [sys.executable, "-c", f"import {launch.module} as s; print(s.__file__)"],
+        cwd=tree,
+        env=launch.env | {"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert str(tree) not in wrong.stdout
