@@ -166,13 +166,19 @@ class QuantizationSpec(_Strict):
     created_at: str
 
 
+# The CPU engines a model graph may run on (runtime.engine, runtime.openvino) and OpenVINO's
+# precisions: the names the bundle field, the settings and the engine all take.
+EngineName = Literal["ort", "openvino", "auto"]
+OpenVINOPrecision = Literal["f32", "bf16"]
+
+
 class EngineSpec(_Strict):
     """Which CPU engine serves the model graph (runtime.engine.EngineOptions.engine), unless
     BERTSERVE_ENGINE says otherwise, and OpenVINO's precision: bf16 only with the quality it
     was measured at written in `metrics` (docs/reports/engines.md)."""
 
-    name: Literal["ort", "openvino", "auto"] = "ort"
-    openvino_precision: Literal["f32", "bf16"] = "f32"
+    name: EngineName = "ort"
+    openvino_precision: OpenVINOPrecision = "f32"
 
 
 class BundleSpec(_Strict):

@@ -19,11 +19,11 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 
-from bertserve.runtime.bundle import SEGMENTS, BundleSpec
+from bertserve.runtime.bundle import SEGMENTS, BundleSpec, EngineName, OpenVINOPrecision
 from bertserve.runtime.capabilities import ON_DEMAND
 from bertserve.runtime.openvino import OPENVINO
 
@@ -31,7 +31,9 @@ log = logging.getLogger(__name__)
 ort_log = logging.getLogger("onnxruntime")
 CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
 CPU_PROVIDERS = (CPU, OPENVINO)  # what Engine.provider reads for a model on the CPU
-ENGINES, OPENVINO_PRECISIONS = ("bundle", "ort", "openvino", "auto"), ("bundle", "f32", "bf16")
+# "bundle": the bundle's own field (EngineSpec), else ONNX Runtime / f32
+ENGINES = ("bundle", *get_args(EngineName))
+OPENVINO_PRECISIONS = ("bundle", *get_args(OpenVINOPrecision))
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # "2026-11-30 10:06:23.678 [W:onnxruntime:Default, file.cc:950 operator()] message" -> message
 ORT_PREFIX = re.compile(r"^\S+ \S+ \[[A-Z]:onnxruntime:[^\]]*\]\s*")
@@ -299,47 +301,20 @@ class Engine:
         choice: dict[str, Any] = {"asked": wanted, "openvino_precision": precision}
         self.engine_choice = choice
         path = directory / spec.model_file
-        problem = openvino.available()
-        candidate: Any = None
         names = tuple(self.inputs + self.served_all)
-        if problem is None:
-            try:
-                candidate = openvino.OpenVINOSession(path, options.threads, precision, names)
-            except Exception as exc:  # OpenVINO's own exception types
-                # a graph it cannot convert, or a node its CPU plugin has no kernel for here
-                problem = "OpenVINO cannot read or compile it: " + " ".join(str(exc).split())[-300:]
-        if candidate is not None:
-            read = (
-                [p.name for p in candidate.get_inputs()],
-                [p.name for p in candidate.get_outputs()],
-            )
-            if sorted(read[0]) != sorted(self.inputs) or sorted(read[1]) != sorted(self.served_all):
-                problem = f"OpenVINO's graph inputs/outputs {read} differ from ONNX Runtime's"
-        if problem is None:
-            choice["precision_in_use"] = candidate.precision_in_use
-            tolerance = BF16_TOLERANCE if candidate.precision_in_use == "bf16" else FP32_TOLERANCE
-            feeds = [
-                {k: v for k, v in f.items() if k in self.inputs}
-                for f in warmup_feeds(spec, 32, 32 * 32)
-            ]
-            difference = max(
-                _relative(a, b)
-                for f in feeds
-                for a, b in zip(
-                    self.session.run(self.served_all, f),
-                    candidate.run(self.served_all, f),
-                    strict=True,
-                )
-            )
-            choice["difference"] = float(f"{difference:.3g}")
-            choice["tolerance"] = tolerance
-            if difference > tolerance:
-                problem = f"OpenVINO's answers differ by {difference:.2g} (tolerance {tolerance:g})"
-        if problem is not None:
-            choice.update(chosen="onnxruntime", reason=problem)
+        feeds = [
+            {k: v for k, v in f.items() if k in self.inputs}
+            for f in warmup_feeds(spec, 32, 32 * 32)
+        ]
+        try:
+            candidate = self._openvino_candidate(path, options.threads, precision, names, feeds)
+        except _Unfit as unfit:
+            choice.update(chosen="onnxruntime", reason=str(unfit))
             if wanted == "openvino":
-                raise EngineError(f"{spec.name}: engine openvino was asked for, but {problem}")
-            log.info("%s stays on ONNX Runtime: %s", spec.name, problem, extra={"fields": choice})
+                raise EngineError(
+                    f"{spec.name}: engine openvino was asked for, but {unfit}"
+                ) from None
+            log.info("%s stays on ONNX Runtime: %s", spec.name, unfit, extra={"fields": choice})
             return
         if wanted == "auto":
             ort_ms, ov_ms = _time_both(self.session, candidate, feeds, self.served_all)
@@ -360,6 +335,49 @@ class Engine:
         self.provider = OPENVINO
         self.engine_name = "openvino"
         log.info("%s runs on OpenVINO (%s)", spec.name, choice["reason"], extra={"fields": choice})
+
+    def _openvino_candidate(
+        self,
+        path: Path,
+        threads: int,
+        precision: str,
+        names: tuple[str, ...],
+        feeds: list[dict[str, np.ndarray]],
+    ) -> Any:
+        """The graph on OpenVINO, its answers on `feeds` checked against this session's within
+        the precision's tolerance (the figures noted in engine_choice); _Unfit says why not."""
+        from bertserve.runtime import openvino
+
+        problem = openvino.available()
+        if problem is not None:
+            raise _Unfit(problem)
+        try:
+            candidate = openvino.OpenVINOSession(path, threads, precision, names)
+        except Exception as exc:  # OpenVINO's own exception types
+            # a graph it cannot convert, or a node its CPU plugin has no kernel for here
+            raise _Unfit(
+                "OpenVINO cannot read or compile it: " + " ".join(str(exc).split())[-300:]
+            ) from None
+        read = ([p.name for p in candidate.get_inputs()], [p.name for p in candidate.get_outputs()])
+        if sorted(read[0]) != sorted(self.inputs) or sorted(read[1]) != sorted(self.served_all):
+            raise _Unfit(f"OpenVINO's graph inputs/outputs {read} differ from ONNX Runtime's")
+        choice = self.engine_choice
+        choice["precision_in_use"] = candidate.precision_in_use
+        tolerance = BF16_TOLERANCE if candidate.precision_in_use == "bf16" else FP32_TOLERANCE
+        difference = max(
+            _relative(a, b)
+            for f in feeds
+            for a, b in zip(
+                self.session.run(self.served_all, f),
+                candidate.run(self.served_all, f),
+                strict=True,
+            )
+        )
+        choice["difference"] = float(f"{difference:.3g}")
+        choice["tolerance"] = tolerance
+        if difference > tolerance:
+            raise _Unfit(f"OpenVINO's answers differ by {difference:.2g} (tolerance {tolerance:g})")
+        return candidate
 
     @property
     def served_all(self) -> list[str]:
@@ -466,6 +484,10 @@ CLEAR_LOSS = 4.0  # _time_both: a session this many times slower has lost
 TIMING_ROUNDS = 5
 
 
+class _Unfit(Exception):
+    """Why OpenVINO cannot serve a graph here (Engine._openvino_candidate)."""
+
+
 def _relative(a: np.ndarray, b: np.ndarray) -> float:
     """The largest difference as a fraction of `a`'s largest value; infinite where `b` holds a
     NaN or an infinity `a` does not (NaN compares below every tolerance)."""
@@ -496,19 +518,22 @@ def _time_both(
         times: list[list[float]] = [[], []]
         for session in (first, second):
             session.run(names, f)
-        for _ in range(TIMING_ROUNDS):
+        for r in range(TIMING_ROUNDS):
             for i, session in enumerate((first, second)):
                 start = time.perf_counter()
                 session.run(names, f)
                 times[i].append(time.perf_counter() - start)
-            slow, fast = max(times[0][0], times[1][0]), min(times[0][0], times[1][0])
-            if slow > CLEAR_LOSS * fast:
+            if r == 0 and _clear_loss(times[0][0], times[1][0]):
                 break
         for i in (0, 1):
             totals[i] += float(np.median(times[i])) * 1000
-        if max(totals) > CLEAR_LOSS * min(totals):
+        if _clear_loss(*totals):
             break
     return totals[0], totals[1]
+
+
+def _clear_loss(a: float, b: float) -> bool:
+    return max(a, b) > CLEAR_LOSS * min(a, b)
 
 
 def warmup_feeds(

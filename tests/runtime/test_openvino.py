@@ -167,6 +167,19 @@ def test_an_engine_name_not_known_is_refused_not_taken_for_openvino(bundle_dir):
             Engine(directory, spec, options)
 
 
+def test_the_settings_take_the_engine_names_the_engine_does():
+    """Settings spell their choices out (one Literal gives a user one clear error), the bundle
+    field and the engine name them once (runtime.bundle.EngineName): the lists stay equal."""
+    from typing import get_args
+
+    from bertserve.runtime.engine import ENGINES, OPENVINO_PRECISIONS
+    from bertserve.service.settings import Settings
+
+    fields = Settings.model_fields
+    assert get_args(fields["engine"].annotation) == ENGINES
+    assert get_args(fields["openvino_precision"].annotation) == OPENVINO_PRECISIONS
+
+
 def test_a_server_on_openvino_answers_as_one_on_onnx_runtime_and_says_so(bundle_dir):
     """BERTSERVE_ENGINE=openvino through real HTTP: /models names the engine and its choice,
     /health/ready the provider, the metrics' model_info the provider, and /classify and /qa
