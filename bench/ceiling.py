@@ -24,7 +24,7 @@ import numpy as np
 
 from bertserve.runtime.batching import pad_rows
 from bertserve.runtime.bundle import load_bundle_spec
-from bertserve.runtime.engine import Engine
+from bertserve.runtime.engine import ENGINES, OPENVINO_PRECISIONS, Engine
 from bertserve.runtime.tasks import classify
 from bertserve.runtime.tasks.common import TaskContext
 from bertserve.service.settings import Settings
@@ -45,9 +45,14 @@ def load(
     return Engine(bundle, spec, settings.engine_options()), TaskContext.load(bundle, spec, 100_000)
 
 
+def text_rows(ctx: TaskContext, texts: list[str]) -> list:
+    """The texts tokenised as /classify tokenises them, cut at the model's window."""
+    return classify.preprocess(ctx, texts, "truncate")[0]
+
+
 def classify_rows(ctx: TaskContext, bodies: Path) -> list:
     texts = [json.loads(line)["inputs"] for line in bodies.read_text().splitlines() if line]
-    return classify.preprocess(ctx, texts, "truncate")[0]
+    return text_rows(ctx, texts)
 
 
 def ceiling(
@@ -140,8 +145,8 @@ def main() -> None:
     parser.add_argument("--bundle", type=Path, default=Path("bundles/sst2-distilled-2x192"))
     parser.add_argument("--bodies", type=Path, default=Path("runs/bench/inputs/classify.jsonl"))
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--engine", default="bundle", choices=["bundle", "ort", "openvino", "auto"])
-    parser.add_argument("--openvino-precision", default="bundle", choices=["bundle", "f32", "bf16"])
+    parser.add_argument("--engine", default="bundle", choices=ENGINES)
+    parser.add_argument("--openvino-precision", default="bundle", choices=OPENVINO_PRECISIONS)
     args = parser.parse_args()
     result = measure(args.bundle, args.bodies, args.seconds, args.engine, args.openvino_precision)
     print(json.dumps(result, indent=2))

@@ -10,7 +10,7 @@ Each round serves the bundle alone (bench.servers) and, at each level (one conne
 32), runs:
 1. a closed-loop wrk run, unprofiled: each thread's CPU from /proc
    (bench.experiments.cpu_split.measure) gives the event loops' and the model threads' CPU a
-   request, and the requests/s;
+   request, the requests/s and their p50;
 2. the same load with py-spy sampling every serving process at `--rate`: its samples of the
    event-loop threads, each stack put in the step of its innermost frame that names one
    (STEPS). A step's share of the loops' samples times the loops' CPU a request of run 1 is
@@ -241,14 +241,13 @@ def main() -> None:
             closed_loop(url, bodies, 32, 2)  # warm
             for c in LEVELS:
                 cpu = measure(s.base, url, s.proc.pid, bodies, c, args.seconds)
-                lone = closed_loop(url, bodies, c, args.seconds / 2) if c == 1 else None
                 spy = args.work / f"spy-{r}-{c}.txt"
                 samples = loop_samples(
                     profile(s.proc.pid, url, bodies, c, args.seconds, args.rate, spy)
                 )
                 row["levels"][str(c)] = {
                     "cpu": cpu,
-                    "p50_ms": lone.p50_ms if lone else None,
+                    "p50_ms": cpu["p50_ms"],
                     "loop_samples": dict(samples),
                     "loop_steps_us": per_request_us(samples, cpu["us_per_answer"]["loops"]),
                 }

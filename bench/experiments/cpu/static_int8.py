@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.ceiling import ceiling, classify_rows, load
+from bench.ceiling import ceiling, classify_rows, load, text_rows
 from bench.run import commit, machine
 from bertserve.runtime.batching import pad_rows
 
@@ -42,9 +42,6 @@ class Calibration:
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self.feeds, None)
-
-    def rewind(self) -> None:  # pragma: no cover - not asked for by MinMax
-        raise NotImplementedError
 
 
 def squad_texts(data: Path, count: int) -> list[str]:
@@ -63,7 +60,7 @@ def quantise(fp32: Path, out: Path, texts: list[str]) -> Path:
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     model, ctx = load(fp32, 0, "ort")
-    rows = classify_rows_of(ctx, texts)
+    rows = text_rows(ctx, texts)
     pad = ctx.spec.tokenizer.pad_id
     feeds = [
         {k: v for k, v in pad_rows(rows[i : i + 8], pad, None)[0].items() if k in model.inputs}
@@ -85,12 +82,6 @@ def quantise(fp32: Path, out: Path, texts: list[str]) -> Path:
     manifest["precision"] = "fp32"  # the manifest's names; the graph is QDQ int8
     (out / "bundle.json").write_text(json.dumps(manifest, indent=2))
     return out
-
-
-def classify_rows_of(ctx, texts: list[str]) -> list:
-    from bertserve.runtime.tasks import classify
-
-    return classify.preprocess(ctx, texts, "truncate")[0]
 
 
 def vectors(model, rows: list, pad: int) -> np.ndarray:
